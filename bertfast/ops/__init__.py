@@ -1,0 +1,232 @@
+"""The fused ops: contracts, torch custom-op registration, and the public entry points.
+
+Each op is a ``torch.library.custom_op`` in the ``bertfast::`` namespace with a
+fake (meta) implementation, so it composes with ``torch.compile``, CUDA graphs and
+export. Its real implementation validates the arguments (``checks.py``) and then
+dispatches to a backend (``dispatch.py``); the ``torch`` backend in
+``reference.py`` is the specification every other backend is tested against.
+
+Contracts (``H`` hidden, ``E`` embedding width, ``T`` tokens):
+
+``embed_layernorm(input_ids, position_ids, token_type_ids?, word_embeddings[V,E],
+position_embeddings[P,E], token_type_embeddings?[Tt,E], weight[E], bias[E], eps)``
+    LayerNorm of the summed embedding rows; ids of any (shared) shape -> shape + [E].
+``add_layernorm(x[...,H], residual[...,H], bias?[H], weight[H], ln_bias[H], eps)``
+    LayerNorm((x + bias) + residual).
+``bias_gelu(x[...,N], bias?[N], activation)`` / ``bias_gelu_`` (in place)
+    activation(x + bias); activation is "gelu" (erf), "gelu_tanh" or "relu".
+``linear_gelu(x[...,K], weight[N,K], bias?[N], activation)``
+    activation(x @ weight.T + bias): the FFN up-projection with its epilogue.
+``attention(qkv[B,S,3H], attention_mask?[B,S], num_heads, scale)``
+    softmax(scale * Q K^T, key-padding mask) V per head, heads merged -> [B,S,H];
+    padded query rows are zero.
+``attention_varlen(qkv[T,3H], cu_seqlens[B+1] int32, max_seqlen, num_heads, scale)``
+    the same over packed sequences -> [T,H].
+``pack_tokens(x[N,...], indices[T])`` / ``unpack_tokens(x[T,...], indices[T], num_rows)``
+    gather real tokens / scatter them back with zeros at padded rows.
+
+Every entry point takes ``backend="auto"``; see ``dispatch.py`` for how it chooses.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import checks, dispatch
+from .dispatch import BACKEND_NAMES, BackendError, backend_status
+from .padding import PackInfo, pack_info
+
+__all__ = [
+    "embed_layernorm",
+    "add_layernorm",
+    "bias_gelu",
+    "bias_gelu_",
+    "linear_gelu",
+    "attention",
+    "attention_varlen",
+    "pack_tokens",
+    "unpack_tokens",
+    "PackInfo",
+    "pack_info",
+    "BackendError",
+    "BACKEND_NAMES",
+    "backend_status",
+]
+
+
+def _run(op: str, backend: str, like: Tensor, *args):
+    return dispatch.call(op, backend, like.device.type, like.dtype, *args)
+
+
+# ---------------------------------------------------------------- embed_layernorm
+@torch.library.custom_op("bertfast::embed_layernorm", mutates_args=())
+def _embed_layernorm(
+    input_ids: Tensor,
+    position_ids: Tensor,
+    token_type_ids: Optional[Tensor],
+    word_embeddings: Tensor,
+    position_embeddings: Tensor,
+    token_type_embeddings: Optional[Tensor],
+    weight: Tensor,
+    bias: Tensor,
+    eps: float,
+    backend: str,
+) -> Tensor:
+    args = (input_ids, position_ids, token_type_ids, word_embeddings, position_embeddings,
+            token_type_embeddings, weight, bias, eps)
+    checks.embed_layernorm(*args)
+    return _run("embed_layernorm", backend, word_embeddings, *args)
+
+
+@_embed_layernorm.register_fake
+def _(input_ids, position_ids, token_type_ids, word_embeddings, *rest):
+    return word_embeddings.new_empty(tuple(input_ids.shape) + (word_embeddings.shape[1],))
+
+
+def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
+                    position_embeddings, token_type_embeddings, weight, bias,
+                    eps: float = 1e-12, backend: str = "auto") -> Tensor:
+    return _embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
+                            position_embeddings, token_type_embeddings, weight, bias,
+                            float(eps), backend)
+
+
+# ---------------------------------------------------------------- add_layernorm
+@torch.library.custom_op("bertfast::add_layernorm", mutates_args=())
+def _add_layernorm(x: Tensor, residual: Tensor, bias: Optional[Tensor], weight: Tensor,
+                   ln_bias: Tensor, eps: float, backend: str) -> Tensor:
+    checks.add_layernorm(x, residual, bias, weight, ln_bias, eps)
+    return _run("add_layernorm", backend, x, x, residual, bias, weight, ln_bias, eps)
+
+
+@_add_layernorm.register_fake
+def _(x, *rest):
+    return torch.empty_like(x)
+
+
+def add_layernorm(x, residual, bias, weight, ln_bias, eps: float = 1e-12,
+                  backend: str = "auto") -> Tensor:
+    return _add_layernorm(x, residual, bias, weight, ln_bias, float(eps), backend)
+
+
+# ---------------------------------------------------------------- bias_gelu
+@torch.library.custom_op("bertfast::bias_gelu", mutates_args=())
+def _bias_gelu(x: Tensor, bias: Optional[Tensor], activation: str, backend: str) -> Tensor:
+    checks.bias_gelu(x, bias, activation)
+    return _run("bias_gelu", backend, x, x, bias, activation)
+
+
+@_bias_gelu.register_fake
+def _(x, *rest):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("bertfast::bias_gelu_", mutates_args=("x",))
+def _bias_gelu_(x: Tensor, bias: Optional[Tensor], activation: str, backend: str) -> None:
+    checks.bias_gelu(x, bias, activation)
+    _run("bias_gelu_", backend, x, x, bias, activation)
+
+
+@_bias_gelu_.register_fake
+def _(x, *rest):
+    return None
+
+
+def bias_gelu(x, bias=None, activation: str = "gelu", backend: str = "auto") -> Tensor:
+    return _bias_gelu(x, bias, activation, backend)
+
+
+def bias_gelu_(x, bias=None, activation: str = "gelu", backend: str = "auto") -> Tensor:
+    """In place; returns ``x``."""
+    _bias_gelu_(x, bias, activation, backend)
+    return x
+
+
+# ---------------------------------------------------------------- linear_gelu
+@torch.library.custom_op("bertfast::linear_gelu", mutates_args=())
+def _linear_gelu(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str,
+                 backend: str) -> Tensor:
+    checks.linear_gelu(x, weight, bias, activation)
+    return _run("linear_gelu", backend, x, x, weight, bias, activation)
+
+
+@_linear_gelu.register_fake
+def _(x, weight, *rest):
+    return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
+
+
+def linear_gelu(x, weight, bias=None, activation: str = "gelu", backend: str = "auto") -> Tensor:
+    return _linear_gelu(x, weight, bias, activation, backend)
+
+
+# ---------------------------------------------------------------- attention
+@torch.library.custom_op("bertfast::attention", mutates_args=())
+def _attention(qkv: Tensor, attention_mask: Optional[Tensor], num_heads: int, scale: float,
+               backend: str) -> Tensor:
+    checks.attention(qkv, attention_mask, num_heads, scale)
+    return _run("attention", backend, qkv, qkv, attention_mask, num_heads, scale)
+
+
+@_attention.register_fake
+def _(qkv, *rest):
+    return qkv.new_empty(tuple(qkv.shape[:-1]) + (qkv.shape[-1] // 3,))
+
+
+def attention(qkv, attention_mask=None, num_heads: int = 1, scale: Optional[float] = None,
+              backend: str = "auto") -> Tensor:
+    if scale is None:
+        scale = (qkv.shape[-1] // 3 // num_heads) ** -0.5
+    return _attention(qkv, attention_mask, int(num_heads), float(scale), backend)
+
+
+@torch.library.custom_op("bertfast::attention_varlen", mutates_args=())
+def _attention_varlen(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int, num_heads: int,
+                      scale: float, backend: str) -> Tensor:
+    checks.attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale)
+    return _run("attention_varlen", backend, qkv, qkv, cu_seqlens, max_seqlen, num_heads, scale)
+
+
+@_attention_varlen.register_fake
+def _(qkv, *rest):
+    return qkv.new_empty((qkv.shape[0], qkv.shape[1] // 3))
+
+
+def attention_varlen(qkv, cu_seqlens, max_seqlen: int, num_heads: int,
+                     scale: Optional[float] = None, backend: str = "auto") -> Tensor:
+    if scale is None:
+        scale = (qkv.shape[-1] // 3 // num_heads) ** -0.5
+    return _attention_varlen(qkv, cu_seqlens, int(max_seqlen), int(num_heads), float(scale),
+                             backend)
+
+
+# ---------------------------------------------------------------- pack / unpack
+@torch.library.custom_op("bertfast::pack_tokens", mutates_args=())
+def _pack_tokens(x: Tensor, indices: Tensor, backend: str) -> Tensor:
+    checks.pack_tokens(x, indices)
+    return _run("pack_tokens", backend, x, x, indices)
+
+
+@_pack_tokens.register_fake
+def _(x, indices, backend):
+    return x.new_empty((indices.shape[0],) + tuple(x.shape[1:]))
+
+
+def pack_tokens(x, indices, backend: str = "auto") -> Tensor:
+    return _pack_tokens(x, indices, backend)
+
+
+@torch.library.custom_op("bertfast::unpack_tokens", mutates_args=())
+def _unpack_tokens(x: Tensor, indices: Tensor, num_rows: int, backend: str) -> Tensor:
+    checks.unpack_tokens(x, indices, num_rows)
+    return _run("unpack_tokens", backend, x, x, indices, num_rows)
+
+
+@_unpack_tokens.register_fake
+def _(x, indices, num_rows, backend):
+    return x.new_empty((num_rows,) + tuple(x.shape[1:]))
+
+
+def unpack_tokens(x, indices, num_rows: int, backend: str = "auto") -> Tensor:
+    return _unpack_tokens(x, indices, int(num_rows), backend)

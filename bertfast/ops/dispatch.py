@@ -1,0 +1,193 @@
+"""Backend registry and per-call dispatch.
+
+Every fused op (see ``bertfast/ops/__init__.py`` for the contracts) has up to four
+implementations, one per backend:
+
+=========  ===========================  ======================================
+backend    device                       module
+=========  ===========================  ======================================
+``torch``  any                          ``bertfast.ops.reference`` (the spec)
+``cpu``    CPU                          ``bertfast.ops.cpu`` (C++ in kernels/cpu)
+``cuda``   NVIDIA GPU                   ``bertfast.ops.cuda`` (CUDA in kernels/cuda)
+``triton`` NVIDIA GPU; CPU when          ``bertfast.ops.triton``
+           ``TRITON_INTERPRET=1``
+=========  ===========================  ======================================
+
+A backend module defines ``BACKEND = Backend(...)``. Dispatch imports the modules
+lazily; an import that fails makes that backend unavailable with the import error
+as its reason.
+
+Per call, ``backend="auto"`` (or the ``BERTFAST_BACKEND`` environment variable,
+which overrides "auto") picks the first backend in the device's preference order
+that supports the input. Naming a backend forces it; if it cannot run the input,
+the error says why. When no backend fits, :class:`BackendError` lists every
+backend's reason.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional
+
+import torch
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BACKEND_NAMES",
+    "get_backend",
+    "select",
+    "call",
+    "backend_status",
+]
+
+#: Every backend bertfast knows, in no particular order.
+BACKEND_NAMES = ("torch", "cpu", "cuda", "triton")
+
+_MODULES = {
+    "torch": "bertfast.ops.reference",
+    "cpu": "bertfast.ops.cpu",
+    "cuda": "bertfast.ops.cuda",
+    "triton": "bertfast.ops.triton",
+}
+
+#: Preference order of ``backend="auto"`` per device type. Triton on CPU runs
+#: only through the interpreter (tests), so it is never picked automatically there.
+PREFERENCE = {
+    "cpu": ("cpu", "torch"),
+    "cuda": ("cuda", "triton", "torch"),
+}
+
+
+class BackendError(RuntimeError):
+    """No backend can run this input (or the one that was asked for cannot)."""
+
+
+Reason = Optional[str]
+
+
+@dataclass
+class Backend:
+    """One implementation of (some of) the ops.
+
+    ``ops`` maps an op name to a function with the op's signature (without the
+    ``backend`` argument). ``supports`` optionally maps an op name to a function
+    taking the same arguments and returning ``None`` when it can run them, or a
+    short reason when it cannot. ``unavailable`` returns a reason when the backend
+    cannot run at all on ``device_type`` (library missing, no GPU...).
+    """
+
+    name: str
+    device_types: tuple
+    ops: Dict[str, Callable] = field(default_factory=dict)
+    supports: Dict[str, Callable[..., Reason]] = field(default_factory=dict)
+    dtypes: tuple = (torch.float32, torch.float16, torch.bfloat16)
+    unavailable: Callable[[str], Reason] = lambda device_type: None
+
+    def why_not(self, op: str, device_type: str, dtype: torch.dtype, args) -> Reason:
+        if device_type not in self.device_types:
+            return f"runs on {'/'.join(self.device_types)} tensors, got {device_type}"
+        reason = self.unavailable(device_type)
+        if reason:
+            return reason
+        if op not in self.ops:
+            return f"has no {op} kernel"
+        if dtype not in self.dtypes:
+            return f"does not support {dtype}"
+        check = self.supports.get(op)
+        if check is not None:
+            return check(*args)
+        return None
+
+
+class _Unimportable:
+    """Stands in for a backend whose module failed to import."""
+
+    def __init__(self, name: str, error: BaseException):
+        self.name = name
+        self.error = f"could not be imported ({type(error).__name__}: {error})"
+
+    def why_not(self, op, device_type, dtype, args) -> Reason:
+        return self.error
+
+
+_lock = threading.Lock()
+_backends: Dict[str, object] = {}
+
+
+def get_backend(name: str):
+    """The backend object registered under ``name`` (imported on first use)."""
+    if name not in _MODULES:
+        raise ValueError(
+            f"unknown backend {name!r}; choose one of {', '.join(('auto',) + BACKEND_NAMES)}"
+        )
+    backend = _backends.get(name)
+    if backend is None:
+        with _lock:
+            backend = _backends.get(name)
+            if backend is None:
+                try:
+                    backend = importlib.import_module(_MODULES[name]).BACKEND
+                except Exception as exc:  # ImportError, missing _C, broken triton...
+                    backend = _Unimportable(name, exc)
+                _backends[name] = backend
+    return backend
+
+
+def _requested(backend: str) -> str:
+    if backend == "auto":
+        env = os.environ.get("BERTFAST_BACKEND", "").strip()
+        if env and env != "auto":
+            if env not in _MODULES:
+                raise ValueError(
+                    f"BERTFAST_BACKEND={env!r} is not a backend; choose one of "
+                    f"{', '.join(('auto',) + BACKEND_NAMES)}"
+                )
+            return env
+    elif backend not in _MODULES:
+        raise ValueError(
+            f"unknown backend {backend!r}; choose one of {', '.join(('auto',) + BACKEND_NAMES)}"
+        )
+    return backend
+
+
+def select(op: str, backend: str, device_type: str, dtype: torch.dtype, args) -> Callable:
+    """The implementation of ``op`` that will run ``args``, or a BackendError."""
+    name = _requested(backend)
+    if name != "auto":
+        impl = get_backend(name)
+        reason = impl.why_not(op, device_type, dtype, args)
+        if reason is None:
+            return impl.ops[op]
+        raise BackendError(f"bertfast.{op}: backend {name!r} cannot run this input: {reason}")
+    reasons = []
+    for candidate in PREFERENCE.get(device_type, ("torch",)):
+        impl = get_backend(candidate)
+        reason = impl.why_not(op, device_type, dtype, args)
+        if reason is None:
+            return impl.ops[op]
+        reasons.append(f"  {candidate}: {reason}")
+    raise BackendError(
+        f"bertfast.{op}: no backend can run this input ({device_type}, {dtype}):\n"
+        + "\n".join(reasons)
+    )
+
+
+def call(op: str, backend: str, device_type: str, dtype: torch.dtype, *args):
+    return select(op, backend, device_type, dtype, args)(*args)
+
+
+def backend_status(device_type: str) -> Dict[str, Reason]:
+    """For each backend: None if it can run on ``device_type``, else why not."""
+    out = {}
+    for name in BACKEND_NAMES:
+        impl = get_backend(name)
+        if isinstance(impl, _Unimportable):
+            out[name] = impl.error
+        elif device_type not in impl.device_types:
+            out[name] = f"runs on {'/'.join(impl.device_types)} tensors only"
+        else:
+            out[name] = impl.unavailable(device_type)
+    return out
