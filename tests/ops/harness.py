@@ -1,0 +1,123 @@
+"""Shared machinery of the per-op parity tests (tests/ops/test_<op>.py).
+
+The parity rule of DESIGN.md: against a float64 "gold" computed by the reference
+(``bertfast.ops.reference``, the spec), a backend's max abs error may be at most
+twice the error of the reference run in the same dtype, plus a small ``atol`` kept
+as data in ``ATOL`` with the reason for its value.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import bertfast.ops as ops
+from bertfast.ops import reference
+from bertfast.ops.dispatch import BackendError
+
+HAS_CUDA = torch.cuda.is_available()
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+#: The backends these tests exercise. "torch" is the reference itself and is
+#: tested against independent formulations in test_reference.py instead.
+_ALL_BACKENDS = {
+    "torch": pytest.param("torch", id="torch"),
+    "cpu": pytest.param("cpu", id="cpu"),
+    "triton": pytest.param("triton", id="triton"),
+    "cuda": pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
+}
+#: ``BERTFAST_TEST_BACKENDS=cpu,triton`` narrows the list (``torch`` checks the
+#: harness itself: the reference must pass its own rule trivially).
+BACKENDS = [
+    _ALL_BACKENDS[name]
+    for name in os.environ.get("BERTFAST_TEST_BACKENDS", "cpu,triton,cuda").split(",")
+    if name.strip()
+]
+
+DTYPES = [
+    pytest.param(torch.float32, id="fp32"),
+    pytest.param(torch.float16, id="fp16"),
+    pytest.param(torch.bfloat16, id="bf16"),
+]
+
+# Absolute slack on top of "2x the reference's own error in that dtype".
+# fp32: both sides round to ~1e-7 relative; different summation orders over rows
+#   of ~1e3 elements and GEMM/attention reductions of a few hundred terms drift by
+#   up to ~1e-6..1e-5 on O(1) outputs, so 1e-5 (elementwise/LN) and 5e-5 (GEMM,
+#   attention) leave headroom while any real bug shows up as >1e-3.
+# fp16: one rounding of an O(1..10) output is up to ~4e-3 (ulp 2^-8 at 4..8); a
+#   backend that rounds once where the reference rounds twice can differ by one ulp.
+# bf16: 8 bits of mantissa: an ulp at 4..8 is 3e-2.
+ATOL = {
+    "embed_layernorm": {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2},
+    "add_layernorm": {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2},
+    "bias_gelu": {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2},
+    "linear_gelu": {torch.float32: 5e-5, torch.float16: 8e-3, torch.bfloat16: 6e-2},
+    "attention": {torch.float32: 5e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2},
+    "pack_tokens": {torch.float32: 0.0, torch.float16: 0.0, torch.bfloat16: 0.0},
+}
+ATOL["bias_gelu_"] = ATOL["bias_gelu"]
+ATOL["attention_varlen"] = ATOL["attention"]
+ATOL["unpack_tokens"] = ATOL["pack_tokens"]
+
+#: Ops whose Triton kernels use tl.dot (wrong for bf16 under the interpreter).
+DOT_OPS = {"linear_gelu", "attention", "attention_varlen"}
+
+
+def device_for(backend: str) -> torch.device:
+    if backend == "cuda" or (backend == "triton" and HAS_CUDA):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def cast(args, dtype, device=None):
+    """Floating tensors to ``dtype`` (and ``device``); everything else as is."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.is_floating_point():
+                a = a.to(dtype)
+            if device is not None:
+                a = a.to(device)
+        out.append(a)
+    return tuple(out)
+
+
+def skip_known_gaps(op: str, backend: str, dtype: torch.dtype):
+    if backend == "triton" and INTERPRETED and dtype == torch.bfloat16 and op in DOT_OPS:
+        pytest.skip("the Triton interpreter computes tl.dot wrongly for bf16 inputs "
+                    "(checked on a GPU instead)")
+
+
+def run_backend(op: str, backend: str, args):
+    """Run ``op`` on ``backend``; skip if that backend does not implement ``op`` at all.
+
+    Whether a backend that exists really covers the ops it should is asserted by
+    test_backend_coverage.py, so this skip cannot hide a missing kernel.
+    """
+    try:
+        return getattr(ops, op)(*args, backend=backend)
+    except BackendError as exc:
+        pytest.skip(str(exc))
+
+
+def assert_parity(op: str, backend: str, args, dtype: torch.dtype, *, out_index=None):
+    """Check ``op`` on ``backend`` in ``dtype`` against the float64 reference."""
+    skip_known_gaps(op, backend, dtype)
+    device = device_for(backend)
+    ref = getattr(reference, op)
+    gold = ref(*cast(args, torch.float64, device))
+    same_dtype = ref(*cast(args, dtype, device))
+    out = run_backend(op, backend, cast(args, dtype, device))
+    assert out.dtype == dtype, f"{op}[{backend}] returned {out.dtype}, expected {dtype}"
+    assert out.shape == gold.shape, f"{op}[{backend}] shape {tuple(out.shape)} != {tuple(gold.shape)}"
+    assert torch.isfinite(out).all(), f"{op}[{backend}] produced non-finite values"
+    err = (out.double() - gold).abs().max().item() if out.numel() else 0.0
+    ref_err = (same_dtype.double() - gold).abs().max().item() if out.numel() else 0.0
+    bound = 2 * ref_err + ATOL[op][dtype]
+    assert err <= bound, (
+        f"{op}[{backend}, {dtype}]: max abs error {err:.3g} vs float64 gold exceeds "
+        f"2 x reference error ({ref_err:.3g}) + atol ({ATOL[op][dtype]:.1g})"
+    )
+    return out
