@@ -1,0 +1,98 @@
+"""Helpers shared by the Triton kernels: interpreter detection, launch sizing,
+autotune config lists, and the activation epilogue used by two kernels.
+
+This module imports triton; only the kernel modules import it (lazily, through
+``bertfast.ops.triton.__init__``), so a missing triton never breaks ``import bertfast``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+#: Activation codes passed to kernels as the ``ACTIVATION`` constexpr.
+ACTIVATION_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
+
+LOG2E = 1.4426950408889634
+
+
+def is_interpret() -> bool:
+    """True when Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1).
+
+    Read once per decision; ``@triton.jit`` itself reads it when a kernel module is
+    first imported, so the variable must be set before that.
+    """
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def bucket(n: int, cap: int) -> int:
+    """Power-of-two bucket of ``n`` (at most ``cap``): an autotune key that does not
+    re-tune for every token count of a packed batch."""
+    return min(next_pow2(max(int(n), 1)), cap)
+
+
+def configs(gpu_configs, interpret_config):
+    """The GPU autotune list, or one small config under the interpreter (autotuning
+    there would run every config through the slow interpreter)."""
+    return [interpret_config] if is_interpret() else list(gpu_configs)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot`` input precision for fp32 operands: IEEE unless torch allows TF32
+    (DESIGN.md: fp32 runs compare with TF32 off). Other dtypes ignore it."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def elementwise_warps(tile_elements: int) -> int:
+    """num_warps for a memory-bound tile: about 8-16 elements per thread."""
+    return max(1, min(16, tile_elements // 512))
+
+
+@triton.jit
+def apply_activation(x, ACTIVATION: tl.constexpr):
+    """GELU (erf) / GELU (tanh approximation) / ReLU of an fp32 block.
+
+    The tanh form uses 0.5 * (1 + tanh(u)) == sigmoid(2u), i.e. x / (1 + exp(-2u)):
+    no tanh intrinsic needed and no overflow trouble (exp -> inf gives x / inf = -0).
+    ReLU keeps NaN (where(x < 0, 0, x)) like torch.
+    """
+    if ACTIVATION == 0:
+        y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+    elif ACTIVATION == 1:
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        y = x / (1.0 + tl.exp(-2.0 * u))
+    else:
+        y = tl.where(x < 0.0, 0.0, x)
+    return y
+
+
+def rows_of(t: torch.Tensor) -> int:
+    """Rows of ``t`` seen as [rows, t.shape[-1]] (also when the last dim is 0)."""
+    rows = 1
+    for s in t.shape[:-1]:
+        rows *= s
+    return rows
+
+
+@triton.jit
+def cast_out(y, DTYPE: tl.constexpr):
+    """fp32 block -> storage dtype, rounding to nearest even.
+
+    For bf16 the rounding is done on the bits first (then the cast is exact), because
+    the Triton interpreter casts fp32 -> bf16 by truncation; on a GPU this costs a few
+    integer ops in a memory-bound epilogue and gives the same result as the RTNE cast.
+    NaN stays NaN (the quiet bit survives), overflow rounds to inf as it should.
+    """
+    if DTYPE == tl.bfloat16:
+        bits = y.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        y = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
+    return y.to(DTYPE)

@@ -1,0 +1,103 @@
+"""``pack_tokens`` / ``unpack_tokens``: gather the real tokens of a padded batch into
+``[T, ...]`` and scatter them back (zeros at padded rows). Pure row movement, so any
+dtype (ids, masks, activations) is accepted; trailing dims are flattened to F.
+
+Bounds-safe: an index outside the source rows is never dereferenced. pack writes a
+NaN row for it (floating dtypes; 0 for integer ones), unpack skips it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import elementwise_warps, is_interpret, next_pow2
+
+
+# out[t, :] = x[indices[t], :]
+# Layout: x [n_src_rows, n_cols] (row stride, unit column stride), indices [n_rows]
+# int64, out [n_rows, n_cols] contiguous.
+# Grid: (cdiv(n_rows, BLOCK_M), cdiv(n_cols, BLOCK_N)).
+@triton.jit
+def _gather_rows_kernel(
+    x_ptr, indices_ptr, out_ptr, n_rows, n_src_rows, n_cols, x_row_stride, out_row_stride,
+    IS_FLOAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    is_row = rows < n_rows
+    mask = is_row[:, None] & (cols < n_cols)[None, :]
+    src = tl.load(indices_ptr + rows, mask=is_row, other=0).to(tl.int64)
+    is_valid = (src >= 0) & (src < n_src_rows)
+    src = tl.where(is_valid, src, 0)
+    vals = tl.load(x_ptr + src[:, None] * x_row_stride + cols[None, :],
+                   mask=mask & is_valid[:, None], other=0)
+    if IS_FLOAT:
+        vals = tl.where(is_valid[:, None], vals, float("nan"))
+    tl.store(out_ptr + rows[:, None] * out_row_stride + cols[None, :], vals, mask=mask)
+
+
+# out[indices[t], :] = x[t, :]   (out is zero-filled by the launcher beforehand)
+# Layout: x [n_rows, n_cols] (row stride, unit column stride), indices [n_rows]
+# int64, out [n_dst_rows, n_cols] contiguous. Indices outside [0, n_dst_rows) are
+# skipped. Grid: (cdiv(n_rows, BLOCK_M), cdiv(n_cols, BLOCK_N)).
+@triton.jit
+def _scatter_rows_kernel(
+    x_ptr, indices_ptr, out_ptr, n_rows, n_dst_rows, n_cols, x_row_stride, out_row_stride,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    is_row = rows < n_rows
+    mask = is_row[:, None] & (cols < n_cols)[None, :]
+    dst = tl.load(indices_ptr + rows, mask=is_row, other=0).to(tl.int64)
+    is_valid = (dst >= 0) & (dst < n_dst_rows)
+    dst = tl.where(is_valid, dst, 0)
+    vals = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0)
+    tl.store(out_ptr + dst[:, None] * out_row_stride + cols[None, :], vals,
+             mask=mask & is_valid[:, None])
+
+
+def _tiles(n_cols: int):
+    block_n = min(next_pow2(n_cols), 1024)
+    target = 32768 if is_interpret() else 4096
+    block_m = max(1, min(1024, target // block_n))
+    return block_m, block_n, elementwise_warps(block_m * block_n)
+
+
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    """[N, ...] -> [N, F] with unit column stride; bool seen as uint8."""
+    if x.dtype == torch.bool:
+        x = x.view(torch.uint8)
+    n_cols = 1
+    for s in x.shape[1:]:
+        n_cols *= s
+    x2 = x.reshape(x.shape[0], n_cols)
+    return x2 if x2.stride(1) == 1 or n_cols <= 1 else x2.contiguous()
+
+
+def pack_tokens(x, indices):
+    x2 = _as_rows(x)
+    n_rows, n_cols = indices.shape[0], x2.shape[1]
+    out = torch.empty((n_rows, n_cols), dtype=x2.dtype, device=x.device)
+    if n_rows and n_cols:
+        block_m, block_n, warps = _tiles(n_cols)
+        _gather_rows_kernel[(triton.cdiv(n_rows, block_m), triton.cdiv(n_cols, block_n))](
+            x2, indices, out, n_rows, x2.shape[0], n_cols, x2.stride(0), out.stride(0),
+            IS_FLOAT=x.dtype.is_floating_point, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=warps,
+        )
+    return out.view(x.dtype).view((n_rows,) + tuple(x.shape[1:]))
+
+
+def unpack_tokens(x, indices, num_rows):
+    x2 = _as_rows(x)
+    n_rows, n_cols = x2.shape
+    out = torch.zeros((num_rows, n_cols), dtype=x2.dtype, device=x.device)
+    if n_rows and n_cols:
+        block_m, block_n, warps = _tiles(n_cols)
+        _scatter_rows_kernel[(triton.cdiv(n_rows, block_m), triton.cdiv(n_cols, block_n))](
+            x2, indices, out, n_rows, num_rows, n_cols, x2.stride(0), out.stride(0),
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+        )
+    return out.view(x.dtype).view((num_rows,) + tuple(x.shape[1:]))
