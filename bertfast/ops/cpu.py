@@ -1,0 +1,232 @@
+"""The ``cpu`` backend: C++ kernels in ``kernels/cpu/``, bound as ``bertfast._C.cpu``.
+
+Three tiers per op: the raw kernel (C++, one file per kernel), the host launcher
+here (makes inputs contiguous, allocates outputs with torch, passes
+``data_ptr()`` addresses, sizes and ``torch.get_num_threads()``; the C++ side
+releases the GIL), and the registered op in ``bertfast/ops/__init__.py``.
+
+Storage dtypes fp32, fp16 and bf16, math in fp32. GEMMs stay with torch
+(``linear_gelu`` = ``torch.matmul`` + the in-place bias/GELU kernel).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .dispatch import Backend
+
+try:  # the backend stays importable (and says why) without a native build
+    from .. import _C as _native
+
+    _kernels = _native.cpu
+    _IMPORT_ERROR: Optional[str] = None
+except (ImportError, AttributeError) as exc:  # pragma: no cover - only without a build
+    _kernels = None
+    _IMPORT_ERROR = f"bertfast._C CPU kernels are not built ({exc})"
+
+_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_ACT_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
+
+
+def _threads() -> int:
+    return max(1, torch.get_num_threads())
+
+
+def _ptr(t: Optional[Tensor]) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _c(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.contiguous()
+
+
+def _ids(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.to(torch.int64).contiguous()
+
+
+# ---------------------------------------------------------------- LayerNorm
+def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
+                    position_embeddings, token_type_embeddings, weight, bias, eps):
+    E = word_embeddings.shape[1]
+    out = word_embeddings.new_empty(tuple(input_ids.shape) + (E,))
+    if out.numel() == 0:
+        return out
+    word, pos = word_embeddings.contiguous(), position_embeddings.contiguous()
+    types = _c(token_type_embeddings)
+    ids, pids = _ids(input_ids), _ids(position_ids)
+    tids = _ids(token_type_ids) if types is not None else None
+    w, b = weight.contiguous(), bias.contiguous()
+    _kernels.embed_layernorm(
+        _DTYPE_CODES[word.dtype], out.data_ptr(), ids.data_ptr(), pids.data_ptr(), _ptr(tids),
+        word.data_ptr(), word.shape[0], pos.data_ptr(), pos.shape[0], _ptr(types),
+        0 if types is None else types.shape[0], w.data_ptr(), b.data_ptr(), ids.numel(), E,
+        float(eps), _threads())
+    return out
+
+
+def add_layernorm(x, residual, bias, weight, ln_bias, eps):
+    x, residual = x.contiguous(), residual.contiguous()
+    bias, weight, ln_bias = _c(bias), weight.contiguous(), ln_bias.contiguous()
+    out = torch.empty_like(x)
+    H = x.shape[-1]
+    if x.numel() == 0:
+        return out
+    _kernels.add_layernorm(
+        _DTYPE_CODES[x.dtype], out.data_ptr(), x.data_ptr(), residual.data_ptr(), _ptr(bias),
+        weight.data_ptr(), ln_bias.data_ptr(), x.numel() // H, H, float(eps), _threads())
+    return out
+
+
+# ---------------------------------------------------------------- bias + activation
+def _bias_act(out: Tensor, x: Tensor, bias: Optional[Tensor], act: str) -> None:
+    N = x.shape[-1]
+    if x.numel() == 0:
+        return
+    _kernels.bias_act(_DTYPE_CODES[x.dtype], out.data_ptr(), x.data_ptr(), _ptr(bias),
+                      x.numel() // N, N, _ACT_CODES[act], _threads())
+
+
+def bias_gelu(x, bias, act):
+    x, bias = x.contiguous(), _c(bias)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    _bias_act(out, x, bias, act)
+    return out
+
+
+def bias_gelu_(x, bias, act):
+    bias = _c(bias)
+    if x.is_contiguous():
+        _bias_act(x, x, bias, act)
+    else:  # compute on a contiguous copy, then write back through x's strides
+        tmp = x.contiguous()
+        _bias_act(tmp, tmp, bias, act)
+        x.copy_(tmp)
+
+
+def linear_gelu(x, weight, bias, act):
+    # The GEMM stays with torch's BLAS; the bias + activation epilogue runs in place.
+    y = torch.matmul(x, weight.t())
+    bias_gelu_(y, bias, act)
+    return y
+
+
+# ---------------------------------------------------------------- attention
+def attention(qkv, attention_mask, num_heads, scale):
+    B, S, H3 = qkv.shape
+    qkv = qkv.contiguous()
+    out = qkv.new_empty((B, S, H3 // 3))
+    if out.numel() == 0:
+        return out
+    mask = None
+    if attention_mask is not None:
+        mask = (attention_mask != 0).contiguous().view(torch.uint8)
+    _kernels.attention(_DTYPE_CODES[qkv.dtype], out.data_ptr(), qkv.data_ptr(), _ptr(mask),
+                       B, S, int(num_heads), H3 // 3, float(scale), _threads())
+    return out
+
+
+def attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
+    T, H3 = qkv.shape
+    qkv = qkv.contiguous()
+    cu = cu_seqlens.contiguous()
+    out = qkv.new_empty((T, H3 // 3))
+    if H3 == 0:
+        return out
+    _kernels.attention_varlen(_DTYPE_CODES[qkv.dtype], out.data_ptr(), qkv.data_ptr(),
+                              cu.data_ptr(), cu.numel() - 1, T, int(num_heads), H3 // 3,
+                              float(scale), _threads())
+    return out
+
+
+# ---------------------------------------------------------------- pack / unpack
+def _row_bytes(x: Tensor) -> int:
+    return x[0].numel() * x.element_size() if x.shape[0] else 0
+
+
+def pack_tokens(x, indices):
+    x, idx = x.contiguous(), indices.contiguous()
+    out = x.new_empty((idx.shape[0],) + tuple(x.shape[1:]))
+    if out.numel() == 0:
+        return out
+    _kernels.pack_rows(out.data_ptr(), x.data_ptr(), idx.data_ptr(), idx.shape[0], x.shape[0],
+                       _row_bytes(x), _threads())
+    return out
+
+
+def unpack_tokens(x, indices, num_rows):
+    x, idx = x.contiguous(), indices.contiguous()
+    out = x.new_empty((num_rows,) + tuple(x.shape[1:]))
+    if out.numel() == 0:
+        return out
+    row_bytes = out[0].numel() * out.element_size()
+    _kernels.unpack_rows(out.data_ptr(), x.data_ptr(), idx.data_ptr(), idx.shape[0], num_rows,
+                         row_bytes, _threads())
+    return out
+
+
+# ---------------------------------------------------------------- support checks
+def _unavailable(device_type: str) -> Optional[str]:
+    return _IMPORT_ERROR
+
+
+def _dtype_ok(op: str, t: Tensor) -> Optional[str]:
+    if t.dtype not in _DTYPE_CODES:
+        return f"{op}: {t.dtype} storage is not supported (fp32, fp16, bf16)"
+    return None
+
+
+def _supports_embed(input_ids, position_ids, token_type_ids, word, pos, types, weight, bias,
+                    eps):
+    return _dtype_ok("embed_layernorm", word)
+
+
+def _supports_add_ln(x, residual, bias, weight, ln_bias, eps):
+    return _dtype_ok("add_layernorm", x)
+
+
+def _supports_bias_gelu(x, bias, act):
+    if act not in _ACT_CODES:
+        return f"activation {act!r} has no C++ kernel"
+    return _dtype_ok("bias_gelu", x)
+
+
+def _supports_linear_gelu(x, weight, bias, act):
+    return _supports_bias_gelu(x, bias, act)
+
+
+def _supports_attention(qkv, attention_mask, num_heads, scale):
+    return _dtype_ok("attention", qkv)
+
+
+def _supports_attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
+    return _dtype_ok("attention_varlen", qkv)
+
+
+BACKEND = Backend(
+    name="cpu",
+    device_types=("cpu",),
+    ops={
+        "embed_layernorm": embed_layernorm,
+        "add_layernorm": add_layernorm,
+        "bias_gelu": bias_gelu,
+        "bias_gelu_": bias_gelu_,
+        "linear_gelu": linear_gelu,
+        "attention": attention,
+        "attention_varlen": attention_varlen,
+        "pack_tokens": pack_tokens,
+        "unpack_tokens": unpack_tokens,
+    },
+    supports={
+        "embed_layernorm": _supports_embed,
+        "add_layernorm": _supports_add_ln,
+        "bias_gelu": _supports_bias_gelu,
+        "bias_gelu_": _supports_bias_gelu,
+        "linear_gelu": _supports_linear_gelu,
+        "attention": _supports_attention,
+        "attention_varlen": _supports_attention_varlen,
+    },
+    dtypes=(torch.float32, torch.float16, torch.bfloat16),
+    unavailable=_unavailable,
+)

@@ -1,0 +1,94 @@
+// bias_act: out = act(x + bias) over a row-major [rows, cols] tensor (the FFN
+// epilogue). act is GELU-erf, GELU-tanh or ReLU; out may alias x (in place).
+//
+// Threads: OpenMP, static split over rows. Each row is one unit-stride loop that
+// vectorises (the erf / exp in common.h are branch-free polynomials, no libm calls).
+// When there are fewer rows than threads (one long vector), the columns are split
+// into chunks instead, so one row still uses every thread.
+#include <vector>
+
+#include "cpu/common.h"
+
+namespace bertfast {
+namespace cpu {
+namespace {
+
+template <typename T, int ACT>
+BF_INLINE void act_span(T* out, const T* x, const float* BF_RESTRICT bias, int64_t n) {
+  // No BF_RESTRICT on out/x: they may alias (element j is read before it is written).
+  for (int64_t j = 0; j < n; ++j) {
+    float v = to_f32(x[j]) + bias[j];
+    float y;
+    if (ACT == kGeluErf) {
+      y = gelu_erf(v);
+    } else if (ACT == kGeluTanh) {
+      y = gelu_tanh(v);
+    } else {
+      y = relu(v);
+    }
+    out[j] = from_f32<T>(y);
+  }
+}
+
+template <typename T, int ACT>
+void bias_act_impl(T* out, const T* x, const void* bias_ptr, int64_t rows, int64_t cols,
+                   int num_threads) {
+  std::vector<float> bias(cols, 0.0f);
+  if (bias_ptr) {
+    const T* b = static_cast<const T*>(bias_ptr);
+    for (int64_t j = 0; j < cols; ++j) bias[j] = to_f32(b[j]);
+  }
+  const float* bptr = bias.data();
+  const int nt = threads_for(rows * cols, 32768, num_threads);
+  if (rows >= nt) {
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+    for (int64_t r = 0; r < rows; ++r) act_span<T, ACT>(out + r * cols, x + r * cols, bptr, cols);
+  } else {
+    // Few long rows: split each row into column chunks (multiples of 64).
+    const int64_t chunk = ((cols + nt - 1) / nt + 63) / 64 * 64;
+    const int64_t nchunks = (cols + chunk - 1) / chunk;
+    for (int64_t r = 0; r < rows; ++r) {
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+      for (int64_t c = 0; c < nchunks; ++c) {
+        int64_t j0 = c * chunk;
+        int64_t len = cols - j0 < chunk ? cols - j0 : chunk;
+        act_span<T, ACT>(out + r * cols + j0, x + r * cols + j0, bptr + j0, len);
+      }
+    }
+  }
+}
+
+template <typename T>
+void bias_act_typed(T* out, const T* x, const void* bias, int64_t rows, int64_t cols, int act,
+                    int num_threads) {
+  switch (act) {
+    case kGeluErf:
+      bias_act_impl<T, kGeluErf>(out, x, bias, rows, cols, num_threads);
+      break;
+    case kGeluTanh:
+      bias_act_impl<T, kGeluTanh>(out, x, bias, rows, cols, num_threads);
+      break;
+    case kRelu:
+      bias_act_impl<T, kRelu>(out, x, bias, rows, cols, num_threads);
+      break;
+    default:
+      throw std::invalid_argument("bertfast cpu: unknown activation code " + std::to_string(act));
+  }
+}
+
+}  // namespace
+
+void bias_act(int dtype, void* out, const void* x, const void* bias, int64_t rows, int64_t cols,
+              int activation, int num_threads) {
+  if (rows <= 0 || cols <= 0) return;
+  BF_DISPATCH_DTYPE(dtype, T,
+                    bias_act_typed<T>(static_cast<T*>(out), static_cast<const T*>(x), bias, rows,
+                                      cols, activation, num_threads));
+}
+
+}  // namespace cpu
+}  // namespace bertfast

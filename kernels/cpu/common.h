@@ -1,0 +1,226 @@
+// Shared helpers of the CPU kernels: storage dtypes (fp32, fp16, bf16) with fp32
+// math, vectorisable exp / GELU, OpenMP helpers.
+//
+// Everything here is written as plain scalar C++ that GCC/Clang vectorise at -O3
+// with AVX2/FMA (no intrinsics, no std::erf/std::exp calls in hot loops: those do
+// not vectorise without -ffast-math). Reductions use `#pragma omp simd reduction`.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#ifdef BERTFAST_WITH_OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__GNUC__)
+#define BF_INLINE inline __attribute__((always_inline))
+#define BF_RESTRICT __restrict__
+#else
+#define BF_INLINE inline
+#define BF_RESTRICT
+#endif
+
+#ifdef BERTFAST_WITH_OPENMP
+#define BF_PRAGMA(x) _Pragma(#x)
+#define BF_SIMD_REDUCE_ADD(v) BF_PRAGMA(omp simd reduction(+ : v))
+#define BF_SIMD_REDUCE_MAX(v) BF_PRAGMA(omp simd reduction(max : v))
+#else
+#define BF_SIMD_REDUCE_ADD(v)
+#define BF_SIMD_REDUCE_MAX(v)
+#endif
+
+namespace bertfast {
+namespace cpu {
+
+// ------------------------------------------------------------------ dtypes
+// Codes shared with bertfast/ops/cpu.py (_DTYPE_CODES).
+enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+struct bf16 {
+  uint16_t bits;
+};
+using f16 = _Float16;
+
+BF_INLINE float to_f32(float v) { return v; }
+BF_INLINE float to_f32(f16 v) { return static_cast<float>(v); }
+BF_INLINE float to_f32(bf16 v) {
+  uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+template <typename T>
+BF_INLINE T from_f32(float v);
+template <>
+BF_INLINE float from_f32<float>(float v) { return v; }
+template <>
+BF_INLINE f16 from_f32<f16>(float v) { return static_cast<f16>(v); }
+template <>
+BF_INLINE bf16 from_f32<bf16>(float v) {
+  // Round to nearest even; NaN stays a (quiet) NaN.
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  uint32_t nan = (u >> 16) | 0x40u;
+  bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+  bf16 r;
+  r.bits = static_cast<uint16_t>(is_nan ? nan : rounded);
+  return r;
+}
+
+// Runs `body` with `T` bound to the storage type named by `dtype`.
+#define BF_DISPATCH_DTYPE(dtype, T, ...)                                        \
+  switch (dtype) {                                                              \
+    case ::bertfast::cpu::kFloat32: {                                           \
+      using T = float;                                                          \
+      __VA_ARGS__;                                                              \
+      break;                                                                    \
+    }                                                                           \
+    case ::bertfast::cpu::kFloat16: {                                           \
+      using T = ::bertfast::cpu::f16;                                           \
+      __VA_ARGS__;                                                              \
+      break;                                                                    \
+    }                                                                           \
+    case ::bertfast::cpu::kBFloat16: {                                          \
+      using T = ::bertfast::cpu::bf16;                                          \
+      __VA_ARGS__;                                                              \
+      break;                                                                    \
+    }                                                                           \
+    default:                                                                    \
+      throw std::invalid_argument("bertfast cpu: unsupported dtype code " +     \
+                                  std::to_string(static_cast<int>(dtype)));     \
+  }
+
+// ------------------------------------------------------------------ threads
+// Threads worth using for `work` units when one thread should get >= `grain`.
+inline int threads_for(int64_t work, int64_t grain, int requested) {
+  if (requested < 1) requested = 1;
+  int64_t useful = grain > 0 ? (work + grain - 1) / grain : work;
+  if (useful < 1) useful = 1;
+  return static_cast<int>(useful < requested ? useful : requested);
+}
+
+// ------------------------------------------------------------------ math
+// exp(x) for fp32, relative error ~1e-7, vectorisable. Returns exactly 0 below
+// -87.3 (so exp(-inf) == 0) and saturates near 2^127 above 88.3.
+BF_INLINE float fast_exp(float x) {
+  const float lo = -87.3f, hi = 88.3f;
+  float xc = x < lo ? lo : (x > hi ? hi : x);
+  // n = round(x / ln2) via the 1.5 * 2^23 trick (exact for |n| < 2^22).
+  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  // r = x - n ln2 in two steps (Cody-Waite), |r| <= ln2 / 2.
+  float r = n * -0.693145751953125f + xc;
+  r = n * -1.428606765330187045e-06f + r;
+  // e^r by its Taylor series to degree 7 (truncation < 6e-9 for |r| <= 0.347).
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t ni = static_cast<int32_t>(n);
+  uint32_t bits = static_cast<uint32_t>(ni + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  float e = p * scale;
+  return x < lo ? 0.0f : e;
+}
+
+// GELU with the exact (erf) form: x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2.
+// With z = |x| / sqrt 2:
+//   z <  0.9 : erf(z) = z * PA(z^2)                      (degree-6 fit)
+//   z >= 0.9 : erfc(z) = exp(QB(z - 3.2) - z^2)          (degree-11 fit of log erfc + z^2)
+//   z >  5.5 : erfc(z) = 0 (below 1e-14)
+// For x < 0, Phi = erfc(z) / 2 is taken directly, so tiny outputs keep their
+// relative accuracy. Coefficients are least-squares fits made for bertfast
+// (max fit error 7e-10 and 4e-8); the fp32 result is within a few ulp of
+// erf-based GELU in double.
+BF_INLINE float gelu_erf(float x) {
+  float z = (x < 0.0f ? -x : x) * 0.70710678118654752f;
+  float s = z * z;
+  float pa = 8.531626796e-05f;
+  pa = pa * s + -8.177876373e-04f;
+  pa = pa * s + 5.203810092e-03f;
+  pa = pa * s + -2.686034688e-02f;
+  pa = pa * s + 1.128370791e-01f;
+  pa = pa * s + -3.761263393e-01f;
+  pa = pa * s + 1.128379166e+00f;
+  float erf_small = z * pa;
+  float u = z - 3.2f;
+  float qb = 2.240789013e-09f;
+  qb = qb * u + 3.194997185e-09f;
+  qb = qb * u + -1.314311168e-07f;
+  qb = qb * u + 9.027535025e-07f;
+  qb = qb * u + -5.529268727e-06f;
+  qb = qb * u + 3.406755847e-05f;
+  qb = qb * u + -1.996094301e-04f;
+  qb = qb * u + 1.131789162e-03f;
+  qb = qb * u + -6.420949218e-03f;
+  qb = qb * u + 3.846468590e-02f;
+  qb = qb * u + -2.875593939e-01f;
+  qb = qb * u + -1.779466748e+00f;
+  // z^2 split into hi + lo (exact with FMA) keeps exp(-z^2) accurate.
+  float s_lo = std::fma(z, z, -s);
+  float erfc_large = fast_exp((qb - s) - s_lo);
+  erfc_large = z > 5.5f ? 0.0f : erfc_large;
+  bool small = z < 0.9f;
+  float erfc_z = small ? 1.0f - erf_small : erfc_large;
+  float erf_z = small ? erf_small : 1.0f - erfc_large;
+  float phi = x < 0.0f ? 0.5f * erfc_z : 0.5f + 0.5f * erf_z;
+  return x * phi;
+}
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)),
+// u = sqrt(2/pi) (x + 0.044715 x^3).
+BF_INLINE float gelu_tanh(float x) {
+  float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return x / (1.0f + fast_exp(-2.0f * u));
+}
+
+BF_INLINE float relu(float x) { return x > 0.0f ? x : 0.0f; }
+
+// Activation codes shared with bertfast/ops/cpu.py (_ACT_CODES).
+enum Activation : int { kGeluErf = 0, kGeluTanh = 1, kRelu = 2 };
+
+// ------------------------------------------------------------------ kernels
+// Declared here, defined one per file in kernels/cpu/, bound in csrc/cpu_ops.cpp.
+// All pointers are raw, contiguous, row-major; `dtype` is a DType code;
+// `num_threads` is torch.get_num_threads() of the caller.
+
+// layernorm.cpp
+void embed_layernorm(int dtype, void* out, const int64_t* input_ids, const int64_t* position_ids,
+                     const int64_t* token_type_ids, const void* word, int64_t vocab,
+                     const void* pos, int64_t num_pos, const void* types, int64_t num_types,
+                     const void* weight, const void* bias, int64_t tokens, int64_t width,
+                     float eps, int num_threads);
+void add_layernorm(int dtype, void* out, const void* x, const void* residual, const void* bias,
+                   const void* weight, const void* ln_bias, int64_t rows, int64_t hidden,
+                   float eps, int num_threads);
+
+// bias_act.cpp
+void bias_act(int dtype, void* out, const void* x, const void* bias, int64_t rows, int64_t cols,
+              int activation, int num_threads);
+
+// attention.cpp
+void attention_padded(int dtype, void* out, const void* qkv, const uint8_t* mask, int64_t batch,
+                      int64_t seqlen, int64_t num_heads, int64_t hidden, float scale,
+                      int num_threads);
+void attention_varlen(int dtype, void* out, const void* qkv, const int32_t* cu_seqlens,
+                      int64_t batch, int64_t tokens, int64_t num_heads, int64_t hidden,
+                      float scale, int num_threads);
+
+// pack.cpp
+void pack_rows(void* out, const void* x, const int64_t* indices, int64_t num_indices,
+               int64_t src_rows, int64_t row_bytes, int num_threads);
+void unpack_rows(void* out, const void* x, const int64_t* indices, int64_t num_indices,
+                 int64_t num_rows, int64_t row_bytes, int num_threads);
+
+}  // namespace cpu
+}  // namespace bertfast

@@ -1,0 +1,152 @@
+// LayerNorm kernels: embed_layernorm (gather word + token type + position rows,
+// sum, LayerNorm) and add_layernorm ("SkipLayerNorm": LayerNorm((x + bias) + residual)).
+//
+// Layout: row-major [rows, width] activations; weight / bias vectors [width].
+// Threads: OpenMP, static split over rows (one row = one unit of work).
+// Per row the summed input is materialised once in an fp32 scratch row (L1 for
+// BERT widths), then statistics are two-pass over that row: mean first, then the
+// mean of squared deviations, so a large common offset (1e4) costs no accuracy.
+// All three passes are unit-stride loops over the row that vectorise (AVX2/FMA).
+#include <limits>
+#include <vector>
+
+#include "cpu/common.h"
+
+namespace bertfast {
+namespace cpu {
+namespace {
+
+// Normalises `row` (fp32, length n) and writes weight * xhat + bias to `out`.
+template <typename T>
+BF_INLINE void normalize_row(const float* BF_RESTRICT row, const float* BF_RESTRICT w,
+                             const float* BF_RESTRICT b, T* BF_RESTRICT out, int64_t n,
+                             float eps) {
+  float sum = 0.0f;
+  BF_SIMD_REDUCE_ADD(sum)
+  for (int64_t j = 0; j < n; ++j) sum += row[j];
+  const float mean = sum / static_cast<float>(n);
+  float sq = 0.0f;
+  BF_SIMD_REDUCE_ADD(sq)
+  for (int64_t j = 0; j < n; ++j) {
+    float d = row[j] - mean;
+    sq += d * d;
+  }
+  const float var = sq / static_cast<float>(n);
+  const float rstd = 1.0f / std::sqrt(var + eps);
+  for (int64_t j = 0; j < n; ++j) out[j] = from_f32<T>((row[j] - mean) * rstd * w[j] + b[j]);
+}
+
+template <typename T>
+void to_f32_vector(const void* src, float* dst, int64_t n) {
+  const T* s = static_cast<const T*>(src);
+  for (int64_t j = 0; j < n; ++j) dst[j] = to_f32(s[j]);
+}
+
+template <typename T>
+void add_layernorm_impl(T* out, const T* x, const T* residual, const void* bias_ptr,
+                        const void* weight_ptr, const void* ln_bias_ptr, int64_t rows, int64_t n,
+                        float eps, int num_threads) {
+  // Parameters converted to fp32 once, shared read-only by every thread.
+  std::vector<float> params(3 * n, 0.0f);
+  float* bias = params.data();
+  float* w = bias + n;
+  float* b = w + n;
+  if (bias_ptr) to_f32_vector<T>(bias_ptr, bias, n);
+  to_f32_vector<T>(weight_ptr, w, n);
+  to_f32_vector<T>(ln_bias_ptr, b, n);
+  const int nt = threads_for(rows * n, 16384, num_threads);
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+  {
+    std::vector<float> scratch(n);
+    float* BF_RESTRICT row = scratch.data();
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp for schedule(static)
+#endif
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* BF_RESTRICT xr = x + r * n;
+      const T* BF_RESTRICT rr = residual + r * n;
+      // Same association as the reference: (x + bias) + residual.
+      for (int64_t j = 0; j < n; ++j) row[j] = (to_f32(xr[j]) + bias[j]) + to_f32(rr[j]);
+      normalize_row(row, w, b, out + r * n, n, eps);
+    }
+  }
+}
+
+template <typename T>
+void embed_layernorm_impl(T* out, const int64_t* input_ids, const int64_t* position_ids,
+                          const int64_t* token_type_ids, const T* word, int64_t vocab,
+                          const T* pos, int64_t num_pos, const T* types, int64_t num_types,
+                          const void* weight_ptr, const void* bias_ptr, int64_t tokens,
+                          int64_t n, float eps, int num_threads) {
+  std::vector<float> params(2 * n);
+  float* w = params.data();
+  float* b = w + n;
+  to_f32_vector<T>(weight_ptr, w, n);
+  to_f32_vector<T>(bias_ptr, b, n);
+  const int nt = threads_for(tokens * n, 16384, num_threads);
+  const T nan = from_f32<T>(std::numeric_limits<float>::quiet_NaN());
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+  {
+    std::vector<float> scratch(n);
+    float* BF_RESTRICT row = scratch.data();
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp for schedule(static)
+#endif
+    for (int64_t t = 0; t < tokens; ++t) {
+      T* BF_RESTRICT o = out + t * n;
+      const int64_t id = input_ids[t];
+      const int64_t p = position_ids[t];
+      const int64_t tt = token_type_ids ? token_type_ids[t] : 0;
+      // Bounds-safe whatever the caller checked: an out-of-range id gives a NaN row.
+      if (id < 0 || id >= vocab || p < 0 || p >= num_pos ||
+          (types && (tt < 0 || tt >= num_types))) {
+        for (int64_t j = 0; j < n; ++j) o[j] = nan;
+        continue;
+      }
+      const T* BF_RESTRICT wr = word + id * n;
+      const T* BF_RESTRICT pr = pos + p * n;
+      if (types) {
+        const T* BF_RESTRICT tr = types + tt * n;
+        // transformers' order: word, then token type, then position.
+        for (int64_t j = 0; j < n; ++j) row[j] = (to_f32(wr[j]) + to_f32(tr[j])) + to_f32(pr[j]);
+      } else {
+        for (int64_t j = 0; j < n; ++j) row[j] = to_f32(wr[j]) + to_f32(pr[j]);
+      }
+      normalize_row(row, w, b, o, n, eps);
+    }
+  }
+}
+
+}  // namespace
+
+void add_layernorm(int dtype, void* out, const void* x, const void* residual, const void* bias,
+                   const void* weight, const void* ln_bias, int64_t rows, int64_t hidden,
+                   float eps, int num_threads) {
+  if (rows <= 0 || hidden <= 0) return;
+  BF_DISPATCH_DTYPE(dtype, T,
+                    add_layernorm_impl<T>(static_cast<T*>(out), static_cast<const T*>(x),
+                                          static_cast<const T*>(residual), bias, weight,
+                                          ln_bias, rows, hidden, eps, num_threads));
+}
+
+void embed_layernorm(int dtype, void* out, const int64_t* input_ids, const int64_t* position_ids,
+                     const int64_t* token_type_ids, const void* word, int64_t vocab,
+                     const void* pos, int64_t num_pos, const void* types, int64_t num_types,
+                     const void* weight, const void* bias, int64_t tokens, int64_t width,
+                     float eps, int num_threads) {
+  if (tokens <= 0 || width <= 0) return;
+  if (types == nullptr) token_type_ids = nullptr;
+  BF_DISPATCH_DTYPE(dtype, T,
+                    embed_layernorm_impl<T>(static_cast<T*>(out), input_ids, position_ids,
+                                            token_type_ids, static_cast<const T*>(word), vocab,
+                                            static_cast<const T*>(pos), num_pos,
+                                            static_cast<const T*>(types), num_types, weight,
+                                            bias, tokens, width, eps, num_threads));
+}
+
+}  // namespace cpu
+}  // namespace bertfast
