@@ -1,0 +1,427 @@
+"""Read a Hugging Face checkpoint folder into bertfast's canonical weight naming.
+
+Supported weight files: ``model.safetensors``; sharded safetensors
+(``model.safetensors.index.json``); ``pytorch_model.bin`` (and its sharded
+``pytorch_model.bin.index.json``), read with ``torch.load(weights_only=True)``.
+Keys may carry the family prefix (``bert.``, ``roberta.``, ``albert.``,
+``electra.``, ``distilbert.``) or not; old ``gamma``/``beta`` LayerNorm names are
+accepted.
+
+Canonical names (``H`` hidden, ``E`` embedding width, ``V`` vocabulary, ``P``
+positions, ``I`` intermediate; every linear has ``.weight [out, in]`` and
+``.bias [out]``):
+
+=================================  ==================================================
+canonical                          what
+=================================  ==================================================
+``embeddings.word``                ``[V, E]`` word embeddings
+``embeddings.position``            ``[P, E]``
+``embeddings.token_type``          ``[Tt, E]`` (absent for DistilBERT)
+``embeddings.ln.{weight,bias}``    ``[E]`` embedding LayerNorm
+``embeddings.project.*``           ``[H, E]`` ALBERT ``embedding_hidden_mapping_in`` /
+                                   ELECTRA ``embeddings_project``
+``layers.{i}.qkv.*``               ``[3H, H]`` / ``[3H]``: Q, K, V concatenated
+``layers.{i}.attn_out.*``          ``[H, H]`` attention output dense
+``layers.{i}.attn_ln.*``           ``[H]`` LayerNorm after attention
+``layers.{i}.ffn_in.*``            ``[I, H]`` FFN up-projection
+``layers.{i}.ffn_out.*``           ``[H, I]`` FFN down-projection
+``layers.{i}.ffn_ln.*``            ``[H]`` LayerNorm after the FFN
+``pooler.*``                       ``[H, H]`` pooler dense
+``mlm.dense.*`` / ``mlm.ln.*``     MLM transform (``[E, H]`` for ALBERT/ELECTRA)
+``mlm.decoder.*``                  ``[V, E|H]`` / ``[V]``; weight tied to
+                                   ``embeddings.word`` when the file omits it
+``nsp.*`` / ``sop.*``              BERT next-sentence / ALBERT sentence-order
+``classifier.dense.*``             RoBERTa/ELECTRA classification dense,
+                                   DistilBERT ``pre_classifier``, ELECTRA summary
+``classifier.out.*``               the final classifier (``classifier``,
+                                   ``out_proj``)
+``qa.*``                           ``qa_outputs``
+``discriminator.{dense,out}.*``    ELECTRA discriminator predictions
+=================================  ==================================================
+
+ALBERT layers are stored once per (group, inner layer): ``layers.{g * inner_group_num
++ j}``; ``EncoderConfig.layer_schedule()`` maps depth to them.
+
+Loading is tensor by tensor: only the weights the chosen head needs are read, each
+is cast to the requested dtype and moved to the device as it is read, and the Q/K/V
+parts of a layer are freed as soon as they are concatenated, so no second full copy
+of the model is ever held. Every problem (missing or unreadable folder, missing or
+corrupt weight file, unknown model_type, a weight of the wrong shape, missing
+weights) raises before anything is returned.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+import torch
+
+from .config import EncoderConfig
+from .heads import head_weight_specs, resolve_head
+
+__all__ = [
+    "CheckpointError",
+    "encoder_weight_specs",
+    "canonical_name",
+    "convert",
+    "load_checkpoint",
+    "find_weight_files",
+]
+
+PREFIXES = {
+    "bert": "bert.",
+    "roberta": "roberta.",
+    "albert": "albert.",
+    "electra": "electra.",
+    "distilbert": "distilbert.",
+}
+
+
+class CheckpointError(ValueError):
+    """The checkpoint folder cannot be loaded (its message says why)."""
+
+
+# --------------------------------------------------------------------- key maps
+# (regex over the prefix-stripped key, canonical template). ``{i}`` is the layer
+# index, ``{p}`` the linear's parameter (weight/bias). Q/K/V map to ``qkv`` with a
+# part index, see _QKV.
+_LIN = r"\.(?P<p>weight|bias)$"
+
+_EMB = [
+    (r"^embeddings\.word_embeddings\.weight$", "embeddings.word"),
+    (r"^embeddings\.position_embeddings\.weight$", "embeddings.position"),
+    (r"^embeddings\.token_type_embeddings\.weight$", "embeddings.token_type"),
+    (r"^embeddings\.LayerNorm" + _LIN, "embeddings.ln.{p}"),
+]
+
+_BERT_LAYER = r"^encoder\.layer\.(?P<i>\d+)\."
+_BERTLIKE = _EMB + [
+    (r"^embeddings_project" + _LIN, "embeddings.project.{p}"),
+    (_BERT_LAYER + r"attention\.self\.(?P<qkv>query|key|value)" + _LIN, "layers.{i}.qkv.{p}"),
+    (_BERT_LAYER + r"attention\.output\.dense" + _LIN, "layers.{i}.attn_out.{p}"),
+    (_BERT_LAYER + r"attention\.output\.LayerNorm" + _LIN, "layers.{i}.attn_ln.{p}"),
+    (_BERT_LAYER + r"intermediate\.dense" + _LIN, "layers.{i}.ffn_in.{p}"),
+    (_BERT_LAYER + r"output\.dense" + _LIN, "layers.{i}.ffn_out.{p}"),
+    (_BERT_LAYER + r"output\.LayerNorm" + _LIN, "layers.{i}.ffn_ln.{p}"),
+    (r"^pooler\.dense" + _LIN, "pooler.{p}"),
+    # heads
+    (r"^cls\.predictions\.transform\.dense" + _LIN, "mlm.dense.{p}"),
+    (r"^cls\.predictions\.transform\.LayerNorm" + _LIN, "mlm.ln.{p}"),
+    (r"^cls\.predictions\.decoder\.weight$", "mlm.decoder.weight"),
+    (r"^cls\.predictions\.(decoder\.)?bias$", "mlm.decoder.bias"),
+    (r"^cls\.seq_relationship" + _LIN, "nsp.{p}"),
+    (r"^lm_head\.dense" + _LIN, "mlm.dense.{p}"),
+    (r"^lm_head\.layer_norm" + _LIN, "mlm.ln.{p}"),
+    (r"^lm_head\.decoder\.weight$", "mlm.decoder.weight"),
+    (r"^lm_head\.(decoder\.)?bias$", "mlm.decoder.bias"),
+    (r"^generator_predictions\.dense" + _LIN, "mlm.dense.{p}"),
+    (r"^generator_predictions\.LayerNorm" + _LIN, "mlm.ln.{p}"),
+    (r"^generator_lm_head" + _LIN, "mlm.decoder.{p}"),
+    (r"^discriminator_predictions\.dense" + _LIN, "discriminator.dense.{p}"),
+    (r"^discriminator_predictions\.dense_prediction" + _LIN, "discriminator.out.{p}"),
+    (r"^classifier\.dense" + _LIN, "classifier.dense.{p}"),
+    (r"^classifier\.out_proj" + _LIN, "classifier.out.{p}"),
+    (r"^classifier" + _LIN, "classifier.out.{p}"),
+    (r"^sequence_summary\.summary" + _LIN, "classifier.dense.{p}"),
+    (r"^qa_outputs" + _LIN, "qa.{p}"),
+]
+
+_ALBERT_LAYER = r"^encoder\.albert_layer_groups\.(?P<g>\d+)\.albert_layers\.(?P<j>\d+)\."
+_ALBERT = _EMB + [
+    (r"^encoder\.embedding_hidden_mapping_in" + _LIN, "embeddings.project.{p}"),
+    (_ALBERT_LAYER + r"attention\.(?P<qkv>query|key|value)" + _LIN, "layers.{i}.qkv.{p}"),
+    (_ALBERT_LAYER + r"attention\.dense" + _LIN, "layers.{i}.attn_out.{p}"),
+    (_ALBERT_LAYER + r"attention\.LayerNorm" + _LIN, "layers.{i}.attn_ln.{p}"),
+    (_ALBERT_LAYER + r"ffn" + _LIN, "layers.{i}.ffn_in.{p}"),
+    (_ALBERT_LAYER + r"ffn_output" + _LIN, "layers.{i}.ffn_out.{p}"),
+    (_ALBERT_LAYER + r"full_layer_layer_norm" + _LIN, "layers.{i}.ffn_ln.{p}"),
+    (r"^pooler" + _LIN, "pooler.{p}"),
+    (r"^predictions\.dense" + _LIN, "mlm.dense.{p}"),
+    (r"^predictions\.LayerNorm" + _LIN, "mlm.ln.{p}"),
+    (r"^predictions\.decoder\.weight$", "mlm.decoder.weight"),
+    (r"^predictions\.(decoder\.)?bias$", "mlm.decoder.bias"),
+    (r"^sop_classifier\.classifier" + _LIN, "sop.{p}"),
+    (r"^classifier" + _LIN, "classifier.out.{p}"),
+    (r"^qa_outputs" + _LIN, "qa.{p}"),
+]
+
+_DB_LAYER = r"^transformer\.layer\.(?P<i>\d+)\."
+_DISTILBERT = _EMB + [
+    (_DB_LAYER + r"attention\.(?P<qkv>q_lin|k_lin|v_lin)" + _LIN, "layers.{i}.qkv.{p}"),
+    (_DB_LAYER + r"attention\.out_lin" + _LIN, "layers.{i}.attn_out.{p}"),
+    (_DB_LAYER + r"sa_layer_norm" + _LIN, "layers.{i}.attn_ln.{p}"),
+    (_DB_LAYER + r"ffn\.lin1" + _LIN, "layers.{i}.ffn_in.{p}"),
+    (_DB_LAYER + r"ffn\.lin2" + _LIN, "layers.{i}.ffn_out.{p}"),
+    (_DB_LAYER + r"output_layer_norm" + _LIN, "layers.{i}.ffn_ln.{p}"),
+    (r"^vocab_transform" + _LIN, "mlm.dense.{p}"),
+    (r"^vocab_layer_norm" + _LIN, "mlm.ln.{p}"),
+    (r"^vocab_projector" + _LIN, "mlm.decoder.{p}"),
+    (r"^pre_classifier" + _LIN, "classifier.dense.{p}"),
+    (r"^classifier" + _LIN, "classifier.out.{p}"),
+    (r"^qa_outputs" + _LIN, "qa.{p}"),
+]
+
+_QKV = {"query": 0, "key": 1, "value": 2, "q_lin": 0, "k_lin": 1, "v_lin": 2}
+
+_TABLES = {
+    "bert": _BERTLIKE,
+    "roberta": _BERTLIKE,
+    "electra": _BERTLIKE,
+    "albert": _ALBERT,
+    "distilbert": _DISTILBERT,
+}
+_COMPILED: Dict[str, list] = {}
+
+
+def _table(family: str):
+    t = _COMPILED.get(family)
+    if t is None:
+        t = [(re.compile(rx), tpl) for rx, tpl in _TABLES[family]]
+        _COMPILED[family] = t
+    return t
+
+
+def canonical_name(cfg: EncoderConfig, key: str) -> Optional[Tuple[str, Optional[int]]]:
+    """``(canonical name, qkv part or None)`` for a checkpoint key, or None if the
+    key is not one bertfast uses (buffers such as ``position_ids``, other heads...)."""
+    prefix = PREFIXES[cfg.family]
+    if key.startswith(prefix):
+        key = key[len(prefix):]
+    if key.endswith(".gamma"):
+        key = key[: -len(".gamma")] + ".weight"
+    elif key.endswith(".beta"):
+        key = key[: -len(".beta")] + ".bias"
+    for rx, tpl in _table(cfg.family):
+        m = rx.match(key)
+        if m is None:
+            continue
+        g = m.groupdict()
+        if g.get("g") is not None:
+            group, inner = int(g["g"]), int(g["j"])
+            if group >= cfg.num_hidden_groups or inner >= cfg.inner_group_num:
+                return None
+            g["i"] = group * cfg.inner_group_num + inner
+        elif g.get("i") is not None and int(g["i"]) >= cfg.num_stored_layers:
+            return None
+        name = tpl.format(i=g.get("i"), p=g.get("p"))
+        part = _QKV[g["qkv"]] if g.get("qkv") else None
+        return name, part
+    return None
+
+
+def encoder_weight_specs(cfg: EncoderConfig) -> Dict[str, tuple]:
+    """Canonical encoder weight names -> expected shapes."""
+    H, E, I = cfg.hidden_size, cfg.embedding_size, cfg.intermediate_size
+    s: Dict[str, tuple] = {
+        "embeddings.word": (cfg.vocab_size, E),
+        "embeddings.position": (cfg.max_position_embeddings, E),
+        "embeddings.ln.weight": (E,),
+        "embeddings.ln.bias": (E,),
+    }
+    if cfg.has_token_types:
+        s["embeddings.token_type"] = (cfg.type_vocab_size, E)
+    if cfg.has_projection:
+        s["embeddings.project.weight"] = (H, E)
+        s["embeddings.project.bias"] = (H,)
+    for i in range(cfg.num_stored_layers):
+        p = f"layers.{i}."
+        s[p + "qkv.weight"] = (3 * H, H)
+        s[p + "qkv.bias"] = (3 * H,)
+        s[p + "attn_out.weight"] = (H, H)
+        s[p + "attn_out.bias"] = (H,)
+        s[p + "attn_ln.weight"] = (H,)
+        s[p + "attn_ln.bias"] = (H,)
+        s[p + "ffn_in.weight"] = (I, H)
+        s[p + "ffn_in.bias"] = (I,)
+        s[p + "ffn_out.weight"] = (H, I)
+        s[p + "ffn_out.bias"] = (H,)
+        s[p + "ffn_ln.weight"] = (H,)
+        s[p + "ffn_ln.bias"] = (H,)
+    return s
+
+
+# ------------------------------------------------------------------ conversion
+def convert(
+    cfg: EncoderConfig,
+    items: Iterable[Tuple[str, Callable[[], torch.Tensor]]],
+    head: str,
+    dtype: torch.dtype = torch.float32,
+    device="cpu",
+    source: str = "checkpoint",
+) -> Dict[str, torch.Tensor]:
+    """Canonical weights from ``(key, get_tensor)`` pairs.
+
+    ``get_tensor`` is only called for keys the encoder and ``head`` need. Floating
+    tensors are cast to ``dtype`` on ``device`` as they are read (a new tensor; the
+    source is never modified). Raises :class:`CheckpointError` on a wrong shape or
+    missing weights.
+    """
+    required = encoder_weight_specs(cfg)
+    head_req, optional = head_weight_specs(cfg, head)
+    required.update(head_req)
+    wanted = dict(required)
+    wanted.update(optional)
+
+    out: Dict[str, torch.Tensor] = {}
+    pending: Dict[str, List[Optional[torch.Tensor]]] = {}
+    H = cfg.hidden_size
+    device = torch.device(device)
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point():
+            return t.to(device=device, dtype=dtype, copy=False)
+        return t.to(device=device)
+
+    for key, get in items:
+        mapped = canonical_name(cfg, key)
+        if mapped is None:
+            continue
+        name, part = mapped
+        if name not in wanted or name in out:
+            continue
+        t = get()
+        if not isinstance(t, torch.Tensor):
+            raise CheckpointError(f"{source}: {key} is not a tensor")
+        if part is None:
+            if tuple(t.shape) != tuple(wanted[name]):
+                raise CheckpointError(
+                    f"{source}: weight {key} (bertfast {name}) has shape {tuple(t.shape)}, "
+                    f"expected {tuple(wanted[name])}")
+            out[name] = cast(t)
+        else:
+            expect = (H, H) if name.endswith("weight") else (H,)
+            if tuple(t.shape) != expect:
+                raise CheckpointError(
+                    f"{source}: weight {key} (part {'QKV'[part]} of bertfast {name}) has shape "
+                    f"{tuple(t.shape)}, expected {expect}")
+            parts = pending.setdefault(name, [None, None, None])
+            parts[part] = cast(t)
+            del t
+            if all(p is not None for p in parts):
+                out[name] = torch.cat(parts, 0)
+                del pending[name]  # frees the three parts
+
+    # Tied MLM decoder: the file omits decoder.weight -> share the word embeddings.
+    if "mlm.decoder.weight" in required and "mlm.decoder.weight" not in out:
+        word = out.get("embeddings.word")
+        if word is not None and tuple(word.shape) == tuple(required["mlm.decoder.weight"]):
+            out["mlm.decoder.weight"] = word
+
+    missing = [n for n in required if n not in out]
+    if missing:
+        partial = {n: [("Q", "K", "V")[i] for i, p in enumerate(v) if p is None]
+                   for n, v in pending.items()}
+        detail = [f"{n} (missing part {'/'.join(partial[n])})" if n in partial else n
+                  for n in missing]
+        raise CheckpointError(
+            f"{source}: missing {len(missing)} weight(s) needed by the {cfg.model_type} encoder "
+            f"and the {head!r} head: {', '.join(detail)}")
+    return out
+
+
+# ---------------------------------------------------------------------- files
+def find_weight_files(folder: str) -> Tuple[str, List[str]]:
+    """``(format, files)`` with format ``safetensors`` or ``bin``."""
+    def p(name):
+        return os.path.join(folder, name)
+
+    if os.path.isfile(p("model.safetensors")):
+        return "safetensors", [p("model.safetensors")]
+    for fmt, index in (("safetensors", "model.safetensors.index.json"),
+                       ("bin", "pytorch_model.bin.index.json")):
+        if os.path.isfile(p(index)):
+            try:
+                with open(p(index), "r", encoding="utf-8") as f:
+                    weight_map = json.load(f)["weight_map"]
+                shards = sorted(set(weight_map.values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise CheckpointError(f"{p(index)} is not a valid shard index: {exc}") from exc
+            absent = [s for s in shards if not os.path.isfile(p(s))]
+            if absent:
+                raise FileNotFoundError(f"{folder}: shard(s) named in {index} are missing: "
+                                        f"{', '.join(absent)}")
+            return fmt, [p(s) for s in shards]
+    if os.path.isfile(p("pytorch_model.bin")):
+        return "bin", [p("pytorch_model.bin")]
+    raise FileNotFoundError(
+        f"{folder}: no weights found (looked for model.safetensors, "
+        f"model.safetensors.index.json, pytorch_model.bin, pytorch_model.bin.index.json)")
+
+
+def _safetensors_items(files: List[str]) -> Iterator[Tuple[str, Callable[[], torch.Tensor]]]:
+    from safetensors import safe_open
+
+    handles = []
+    try:
+        for path in files:
+            try:
+                handles.append((path, safe_open(path, framework="pt", device="cpu")))
+            except Exception as exc:  # SafetensorError, OSError: corrupt/truncated header
+                raise CheckpointError(
+                    f"{path} is not a readable safetensors file (truncated or corrupt?): "
+                    f"{exc}") from exc
+        for path, f in handles:
+            for key in f.keys():
+                def get(f=f, key=key, path=path):
+                    try:
+                        return f.get_tensor(key)
+                    except Exception as exc:
+                        raise CheckpointError(
+                            f"{path}: cannot read tensor {key} (truncated or corrupt?): "
+                            f"{exc}") from exc
+                yield key, get
+    finally:
+        handles.clear()
+
+
+def _bin_items(files: List[str]) -> Iterator[Tuple[str, Callable[[], torch.Tensor]]]:
+    for path in files:
+        try:
+            try:
+                sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as exc:
+                if "mmap" not in str(exc):
+                    raise
+                sd = torch.load(path, map_location="cpu", weights_only=True)  # legacy format
+        except Exception as exc:
+            raise CheckpointError(
+                f"{path} is not a readable PyTorch weight file (truncated or corrupt?): "
+                f"{exc}") from exc
+        if not isinstance(sd, dict):
+            raise CheckpointError(f"{path} does not hold a state dict")
+        for key in list(sd.keys()):
+            t = sd.pop(key)
+            yield key, (lambda t=t: t)
+            del t
+        del sd
+
+
+def load_checkpoint(
+    path,
+    head: Optional[str] = None,
+    dtype: torch.dtype = torch.float32,
+    device="cpu",
+) -> Tuple[EncoderConfig, str, Dict[str, torch.Tensor]]:
+    """Read ``path`` -> ``(config, resolved head, canonical weights)``."""
+    folder = os.fspath(path)
+    if not os.path.exists(folder):
+        raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
+    if not os.path.isdir(folder):
+        raise NotADirectoryError(f"checkpoint path {folder} is not a folder")
+    if not os.access(folder, os.R_OK | os.X_OK):
+        raise PermissionError(f"checkpoint folder {folder} is not readable")
+    cfg = EncoderConfig.from_json(folder)
+    head = resolve_head(cfg, head)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    fmt, files = find_weight_files(folder)
+    items = _safetensors_items(files) if fmt == "safetensors" else _bin_items(files)
+    try:
+        weights = convert(cfg, items, head, dtype=dtype, device=device, source=folder)
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
+    return cfg, head, weights

@@ -1,0 +1,403 @@
+"""The encoder: padding-free execution of a BERT-family model on bertfast's ops.
+
+``from_pretrained(path, device="cpu", dtype=torch.float32, backend="auto", head=None)``
+loads a Hugging Face folder (see ``checkpoint.py``) into a :class:`BertfastModel`.
+
+Forward pass (``H`` hidden, ``T`` real tokens of the batch):
+
+1. validate the inputs (ids, shapes, dtypes, devices, ranges) before any kernel;
+2. position ids in the padded layout, as the family does (BERT-style ``arange``;
+   RoBERTa ``cumsum(ids != pad) * (ids != pad) + pad``), unless given;
+3. ``info = ops.pack_info(attention_mask)``; ids, positions and token types are
+   gathered to ``[T]`` with ``ops.pack_tokens``;
+4. ``ops.embed_layernorm`` on the packed tokens, then the ALBERT/ELECTRA projection;
+5. per layer: ``qkv = F.linear(h, Wqkv, bqkv)``, ``ops.attention_varlen``,
+   ``F.linear`` (output projection, bias folded into) ``ops.add_layernorm``,
+   ``ops.linear_gelu`` (FFN up + activation), ``F.linear`` + ``ops.add_layernorm``;
+   ALBERT runs its shared layers by ``EncoderConfig.layer_schedule()``;
+6. heads on packed tokens / first real tokens; ``ops.unpack_tokens`` scatters
+   ``[T, ...]`` back to ``[B, S, ...]`` only at the end.
+
+Padding: outputs at padded positions are zero. A row whose attention mask is all
+zeros has no real token: all its outputs (hidden states, pooler output, logits) are
+zero. Poolers and first-token heads read each row's first *real* token.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import heads as H
+from . import ops
+from .checkpoint import load_checkpoint
+from .config import EncoderConfig
+from .outputs import EncoderOutput
+
+__all__ = ["BertfastModel", "from_pretrained"]
+
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+_TOKEN_HEADS = ("masked_lm", "token_classification", "question_answering",
+                "electra_discriminator", "pretraining")
+
+
+class _Holder(nn.Module):
+    """A plain container; weights are attached under their canonical names."""
+
+
+def _attach(root: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    *path, leaf = name.split(".")
+    mod = root
+    for part in path:
+        child = mod._modules.get(part)
+        if child is None:
+            child = _Holder()
+            mod.add_module(part, child)
+        mod = child
+    mod.register_parameter(leaf, nn.Parameter(tensor, requires_grad=False))
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    if a.type != b.type:
+        return False
+    if a.type == "cuda":
+        ia = a.index if a.index is not None else torch.cuda.current_device()
+        ib = b.index if b.index is not None else torch.cuda.current_device()
+        return ia == ib
+    return True
+
+
+class BertfastModel(nn.Module):
+    """A BERT-family encoder (+ head) running on bertfast's fused ops.
+
+    Call it like a transformers model::
+
+        out = model(input_ids, attention_mask=None, token_type_ids=None,
+                    position_ids=None, output_hidden_states=False)
+
+    ``input_ids`` is ``[B, S]`` (``[B, C, S]`` for the ``multiple_choice`` head) of
+    integer ids; ``attention_mask`` (default all ones) marks real tokens (nonzero);
+    ``token_type_ids`` default to zeros. Returns an :class:`EncoderOutput`:
+    ``last_hidden_state [B,S,H]``, ``pooler_output [B,H]`` (when the model has a
+    pooler), ``hidden_states`` (embedding output, after the ALBERT/ELECTRA
+    projection, then every layer output, as transformers defines them) when asked,
+    and the head's fields (``logits``, ``prediction_logits``,
+    ``seq_relationship_logits``, ``sop_logits``, ``start_logits``, ``end_logits``).
+
+    Padded positions of every per-token output are zero; a row whose attention mask
+    is all zeros gives zeros for all of its outputs (hidden states, pooler output,
+    logits). Poolers and classification heads read each row's first real token.
+    """
+
+    def __init__(self, config: EncoderConfig, weights: Dict[str, torch.Tensor],
+                 head: str = "base", backend: str = "auto"):
+        super().__init__()
+        self.config = config
+        self.head = H.resolve_head(config, head)
+        self.backend = backend
+        for name, tensor in weights.items():
+            _attach(self, name, tensor)
+        self._names = set(weights)
+        self.eval()
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def device(self) -> torch.device:
+        return self.embeddings.word.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embeddings.word.dtype
+
+    def _w(self, name: str) -> Optional[torch.Tensor]:
+        mod = self
+        *path, leaf = name.split(".")
+        for part in path:
+            mod = mod._modules.get(part)
+            if mod is None:
+                return None
+        return mod._parameters.get(leaf)
+
+    def _group(self, prefix: str) -> Dict[str, torch.Tensor]:
+        """Canonical name -> tensor for every weight under ``prefix``."""
+        mod = self
+        for part in prefix.split("."):
+            mod = mod._modules.get(part)
+            if mod is None:
+                return {}
+        return dict(mod.named_parameters(prefix=prefix, remove_duplicate=False))
+
+    @property
+    def has_pooler(self) -> bool:
+        return self._w("pooler.weight") is not None
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"model_type={c.model_type}, head={self.head}, layers={c.num_layers}, "
+                f"hidden={c.hidden_size}, heads={c.num_heads}, backend={self.backend!r}")
+
+    # ------------------------------------------------------------ validation
+    def _check_ids(self, name: str, t, shape, limit: Optional[int], what: str):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in _INT_DTYPES:
+            raise TypeError(f"{name} must hold integer ids, got dtype {t.dtype}")
+        if shape is not None and tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} "
+                             f"(the shape of input_ids)")
+        if not _same_device(t.device, self.device):
+            raise ValueError(f"{name} is on {t.device} but the model is on {self.device}; "
+                             f"move the inputs with .to({str(self.device)!r})")
+        if limit is not None and t.numel():
+            lo, hi = int(t.min()), int(t.max())
+            if lo < 0 or hi >= limit:
+                bad = lo if lo < 0 else hi
+                raise IndexError(f"{name} contains {bad}, outside [0, {limit}) ({what})")
+
+    def _prepare(self, input_ids, attention_mask, token_type_ids, position_ids):
+        cfg = self.config
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, seq_len], got shape "
+                             f"{tuple(input_ids.shape)}")
+        B, S = input_ids.shape
+        if B == 0 or S == 0:
+            raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
+        self._check_ids("input_ids", input_ids, None, cfg.vocab_size, "vocabulary size")
+
+        if attention_mask is None:
+            attention_mask = torch.ones(B, S, dtype=torch.int32, device=input_ids.device)
+        else:
+            if not isinstance(attention_mask, torch.Tensor):
+                raise TypeError(f"attention_mask must be a torch.Tensor, got "
+                                f"{type(attention_mask).__name__}")
+            if tuple(attention_mask.shape) != (B, S):
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, "
+                                 f"expected {(B, S)} (the shape of input_ids)")
+            if not _same_device(attention_mask.device, self.device):
+                raise ValueError(f"attention_mask is on {attention_mask.device} but the model "
+                                 f"is on {self.device}")
+            if attention_mask.is_complex():
+                raise TypeError("attention_mask must be a real (bool/int/float) tensor")
+
+        if token_type_ids is not None:
+            if cfg.has_token_types:
+                self._check_ids("token_type_ids", token_type_ids, (B, S), cfg.type_vocab_size,
+                                "type_vocab_size")
+            else:
+                self._check_ids("token_type_ids", token_type_ids, (B, S), None, "")
+                if bool((token_type_ids != 0).any()):
+                    raise ValueError(f"{cfg.model_type} has no token type embeddings: "
+                                     f"token_type_ids must be omitted or all zero")
+                token_type_ids = None
+        if cfg.has_token_types and token_type_ids is None:
+            token_type_ids = torch.zeros(B, S, dtype=torch.long, device=input_ids.device)
+
+        if position_ids is not None:
+            if isinstance(position_ids, torch.Tensor) and position_ids.dim() == 1:
+                position_ids = position_ids.unsqueeze(0)
+            if isinstance(position_ids, torch.Tensor) and tuple(position_ids.shape) == (1, S):
+                position_ids = position_ids.expand(B, S)
+            self._check_ids("position_ids", position_ids, (B, S), cfg.max_position_embeddings,
+                            "max_position_embeddings")
+        else:
+            if cfg.position_scheme == "roberta":
+                real = input_ids.ne(cfg.pad_token_id).long()
+                position_ids = torch.cumsum(real, 1) * real + cfg.pad_token_id
+                top = int(position_ids.max())
+            else:
+                position_ids = torch.arange(S, device=input_ids.device).expand(B, S)
+                top = S - 1
+            if top >= cfg.max_position_embeddings:
+                raise ValueError(
+                    f"sequence of {S} tokens needs position id {top}, but "
+                    f"max_position_embeddings is {cfg.max_position_embeddings} "
+                    f"(at most {cfg.max_seq_len} tokens for {cfg.model_type})")
+        return attention_mask, token_type_ids, position_ids
+
+    # ------------------------------------------------------------------- pack
+    def _pack(self, x: torch.Tensor, info) -> torch.Tensor:
+        x = x.reshape(-1)
+        if x.dtype != torch.int64:
+            x = x.long()
+        try:
+            return ops.pack_tokens(x, info.indices, backend=self.backend)
+        except ops.BackendError:
+            # Integer gathers: no backend registers int64 for pack_tokens yet; this is
+            # exactly the reference implementation (x[indices]).
+            return x.index_select(0, info.indices)
+
+    def _unpack(self, x: torch.Tensor, info) -> torch.Tensor:
+        out = ops.unpack_tokens(x, info.indices, info.batch * info.seqlen, backend=self.backend)
+        return out.view(info.batch, info.seqlen, *x.shape[1:])
+
+    # ---------------------------------------------------------------- encoder
+    def encode(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+               output_hidden_states: bool = False):
+        """Run the encoder; returns ``(packed last hidden [T,H], info, packed hidden
+        states list or None)``."""
+        cfg = self.config
+        be = self.backend
+        mask, types, pos = self._prepare(input_ids, attention_mask, token_type_ids, position_ids)
+        info = ops.pack_info(mask)
+        ids_p = self._pack(input_ids, info)
+        pos_p = self._pack(pos, info)
+        types_p = self._pack(types, info) if types is not None else None
+
+        emb = self.embeddings
+        h = ops.embed_layernorm(ids_p, pos_p, types_p, emb.word, emb.position,
+                                getattr(emb, "token_type", None) if types_p is not None else None,
+                                emb.ln.weight, emb.ln.bias, cfg.layer_norm_eps, backend=be)
+        if cfg.has_projection:
+            h = F.linear(h, emb.project.weight, emb.project.bias)
+        states = [h] if output_hidden_states else None
+
+        eps = cfg.layer_norm_eps
+        nh = cfg.num_heads
+        scale = cfg.head_dim ** -0.5
+        layers = self.layers._modules
+        for idx in cfg.layer_schedule():
+            L = layers[str(idx)]
+            qkv = F.linear(h, L.qkv.weight, L.qkv.bias)
+            ctx = ops.attention_varlen(qkv, info.cu_seqlens, info.max_seqlen, nh, scale,
+                                       backend=be)
+            a = F.linear(ctx, L.attn_out.weight)
+            h = ops.add_layernorm(a, h, L.attn_out.bias, L.attn_ln.weight, L.attn_ln.bias, eps,
+                                  backend=be)
+            f = ops.linear_gelu(h, L.ffn_in.weight, L.ffn_in.bias, cfg.hidden_act, backend=be)
+            o = F.linear(f, L.ffn_out.weight)
+            h = ops.add_layernorm(o, h, L.ffn_out.bias, L.ffn_ln.weight, L.ffn_ln.bias, eps,
+                                  backend=be)
+            if states is not None:
+                states.append(h)
+        return h, info, states
+
+    def _first_tokens(self, h: torch.Tensor, info) -> torch.Tensor:
+        """``[B, H]``: each row's first real token; zeros for rows with none."""
+        if h.shape[0] == 0:
+            return h.new_zeros(info.batch, h.shape[-1])
+        first = h.index_select(0, info.first_token)
+        empty = info.lengths == 0
+        return first.masked_fill(empty[:, None], 0)
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+                output_hidden_states: bool = False) -> EncoderOutput:
+        with torch.no_grad():
+            return self._forward(input_ids, attention_mask, token_type_ids, position_ids,
+                                 output_hidden_states)
+
+    def _forward(self, input_ids, attention_mask, token_type_ids, position_ids,
+                 output_hidden_states):
+        head = self.head
+        choices = None
+        if head == "multiple_choice":
+            if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 3:
+                raise ValueError("the multiple_choice head takes input_ids of shape "
+                                 "[batch, num_choices, seq_len], got "
+                                 f"{tuple(getattr(input_ids, 'shape', ()))}")
+            Bc, choices, S = input_ids.shape
+
+            def flat(t, name):
+                if t is None:
+                    return None
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"{name} must be a torch.Tensor")
+                if t.dim() == 3:
+                    if tuple(t.shape) != (Bc, choices, S):
+                        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected "
+                                         f"{(Bc, choices, S)} (the shape of input_ids)")
+                    return t.reshape(Bc * choices, S)
+                return t  # let the 2-D checks report the shape error
+
+            input_ids = input_ids.reshape(Bc * choices, S)
+            attention_mask = flat(attention_mask, "attention_mask")
+            token_type_ids = flat(token_type_ids, "token_type_ids")
+            position_ids = flat(position_ids, "position_ids")
+
+        h, info, states = self.encode(input_ids, attention_mask, token_type_ids, position_ids,
+                                      output_hidden_states)
+        cfg = self.config
+        out = EncoderOutput()
+        out.last_hidden_state = self._unpack(h, info)
+        if states is not None:
+            out.hidden_states = tuple(self._unpack(s, info) for s in states)
+
+        w = {}
+        first = None
+        pooled = None
+        need_first = head in ("base", "pooler", "next_sentence", "sentence_order", "pretraining",
+                              "sequence_classification", "multiple_choice")
+        if need_first:
+            first = self._first_tokens(h, info)
+        if first is not None and self.has_pooler:
+            w.update(self._group("pooler"))
+            pooled = H.pooler(w, first)
+            pooled = pooled.masked_fill((info.lengths == 0)[:, None], 0)
+            out.pooler_output = pooled
+        empty_rows = (info.lengths == 0)[:, None]
+
+        if head in ("masked_lm", "pretraining"):
+            w.update(self._group("mlm"))
+            scores = self._unpack(H.masked_lm(cfg, w, h), info)
+            if head == "masked_lm":
+                out.logits = scores
+            else:
+                out.prediction_logits = scores
+        if head in ("next_sentence", "pretraining", "sentence_order"):
+            if cfg.family == "bert":
+                w.update(self._group("nsp"))
+                rel = F.linear(pooled, w["nsp.weight"], w["nsp.bias"]).masked_fill(empty_rows, 0)
+                if head == "next_sentence":
+                    out.logits = rel
+                else:
+                    out.seq_relationship_logits = rel
+            else:
+                w.update(self._group("sop"))
+                sop = F.linear(pooled, w["sop.weight"], w["sop.bias"]).masked_fill(empty_rows, 0)
+                if head == "sentence_order":
+                    out.logits = sop
+                else:
+                    out.sop_logits = sop
+        if head == "sequence_classification":
+            w.update(self._group("classifier"))
+            out.logits = H.sequence_logits(cfg, w, first, pooled).masked_fill(empty_rows, 0)
+        elif head == "multiple_choice":
+            w.update(self._group("classifier"))
+            scores = H.multiple_choice_scores(cfg, w, first, pooled).masked_fill(empty_rows, 0)
+            out.logits = scores.view(-1, choices)
+        elif head == "token_classification":
+            w.update(self._group("classifier"))
+            out.logits = self._unpack(F.linear(h, w["classifier.out.weight"],
+                                               w["classifier.out.bias"]), info)
+        elif head == "question_answering":
+            w.update(self._group("qa"))
+            qa = self._unpack(F.linear(h, w["qa.weight"], w["qa.bias"]), info)
+            out.start_logits = qa[..., 0].contiguous()
+            out.end_logits = qa[..., -1].contiguous()
+        elif head == "electra_discriminator":
+            w.update(self._group("discriminator"))
+            out.logits = self._unpack(H.discriminator(cfg, w, h), info)
+        return out
+
+
+def from_pretrained(path, device="cpu", dtype: torch.dtype = torch.float32,
+                    backend: str = "auto", head: Optional[str] = None) -> BertfastModel:
+    """Load a Hugging Face checkpoint folder into a :class:`BertfastModel`.
+
+    ``head`` is one of :data:`bertfast.heads.HEADS` or None (chosen from
+    ``architectures`` in config.json). ``backend`` is passed to every op (``"auto"``,
+    ``"torch"``, ``"cpu"``, ``"cuda"``, ``"triton"``). Raises ``FileNotFoundError``,
+    ``ValueError`` (``CheckpointError``) or ``TypeError`` with a message naming the
+    problem; nothing is half-loaded.
+    """
+    if backend != "auto" and backend not in ops.BACKEND_NAMES:
+        raise ValueError(f"unknown backend {backend!r}; choose one of "
+                         f"{', '.join(('auto',) + ops.BACKEND_NAMES)}")
+    device = torch.device(device)
+    cfg, head, weights = load_checkpoint(os.fspath(path), head=head, dtype=dtype, device=device)
+    return BertfastModel(cfg, weights, head=head, backend=backend)
