@@ -60,8 +60,53 @@ def _run(op: str, backend: str, like: Tensor, *args):
     return dispatch.call(op, backend, like.device.type, like.dtype, *args)
 
 
+def _eager(x: Tensor) -> bool:
+    """True when a call may skip the custom-op dispatcher and run the implementation
+    directly: plain tensors, no tracing, no torch_dispatch mode active. This saves
+    ~20 us per op in eager mode (it matters at batch 1); under torch.compile, export,
+    FakeTensor or any dispatch mode the registered custom op runs as usual."""
+    return (
+        type(x) is Tensor
+        and not torch.compiler.is_compiling()
+        and _dispatch_stack_len() == 0
+    )
+
+
+class _op:
+    """Registers ``fn`` as the custom op ``bertfast::<name>`` and calls it.
+
+    In plain eager mode (see ``_eager``) the call runs ``fn`` directly; otherwise it
+    goes through the registered op, so tracing, export and fake tensors see it."""
+
+    def __init__(self, name: str, mutates_args=()):
+        self.name = name
+        self.mutates_args = mutates_args
+
+    def __call__(self, fn):
+        self.impl = fn
+        self.op = torch.library.custom_op(f"bertfast::{self.name}",
+                                          mutates_args=self.mutates_args)(fn)
+        return self
+
+    def register_fake(self, fake):
+        self.op.register_fake(fake)
+        return fake
+
+    def run(self, *args):
+        if _eager(args[0]):
+            return self.impl(*args)
+        return self.op(*args)
+
+
+try:  # private but long-standing; without it, always go through the dispatcher
+    _dispatch_stack_len = torch._C._len_torch_dispatch_stack
+except AttributeError:  # pragma: no cover
+    def _dispatch_stack_len():
+        return 1
+
+
 # ---------------------------------------------------------------- embed_layernorm
-@torch.library.custom_op("bertfast::embed_layernorm", mutates_args=())
+@_op("embed_layernorm", ())
 def _embed_layernorm(
     input_ids: Tensor,
     position_ids: Tensor,
@@ -88,13 +133,13 @@ def _(input_ids, position_ids, token_type_ids, word_embeddings, *rest):
 def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
                     position_embeddings, token_type_embeddings, weight, bias,
                     eps: float = 1e-12, backend: str = "auto") -> Tensor:
-    return _embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
+    return _embed_layernorm.run(input_ids, position_ids, token_type_ids, word_embeddings,
                             position_embeddings, token_type_embeddings, weight, bias,
                             float(eps), backend)
 
 
 # ---------------------------------------------------------------- add_layernorm
-@torch.library.custom_op("bertfast::add_layernorm", mutates_args=())
+@_op("add_layernorm", ())
 def _add_layernorm(x: Tensor, residual: Tensor, bias: Optional[Tensor], weight: Tensor,
                    ln_bias: Tensor, eps: float, backend: str) -> Tensor:
     checks.add_layernorm(x, residual, bias, weight, ln_bias, eps)
@@ -108,11 +153,11 @@ def _(x, *rest):
 
 def add_layernorm(x, residual, bias, weight, ln_bias, eps: float = 1e-12,
                   backend: str = "auto") -> Tensor:
-    return _add_layernorm(x, residual, bias, weight, ln_bias, float(eps), backend)
+    return _add_layernorm.run(x, residual, bias, weight, ln_bias, float(eps), backend)
 
 
 # ---------------------------------------------------------------- bias_gelu
-@torch.library.custom_op("bertfast::bias_gelu", mutates_args=())
+@_op("bias_gelu", ())
 def _bias_gelu(x: Tensor, bias: Optional[Tensor], activation: str, backend: str) -> Tensor:
     checks.bias_gelu(x, bias, activation)
     return _run("bias_gelu", backend, x, x, bias, activation)
@@ -123,7 +168,7 @@ def _(x, *rest):
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("bertfast::bias_gelu_", mutates_args=("x",))
+@_op("bias_gelu_", ("x",))
 def _bias_gelu_(x: Tensor, bias: Optional[Tensor], activation: str, backend: str) -> None:
     checks.bias_gelu(x, bias, activation)
     _run("bias_gelu_", backend, x, x, bias, activation)
@@ -135,17 +180,17 @@ def _(x, *rest):
 
 
 def bias_gelu(x, bias=None, activation: str = "gelu", backend: str = "auto") -> Tensor:
-    return _bias_gelu(x, bias, activation, backend)
+    return _bias_gelu.run(x, bias, activation, backend)
 
 
 def bias_gelu_(x, bias=None, activation: str = "gelu", backend: str = "auto") -> Tensor:
     """In place; returns ``x``."""
-    _bias_gelu_(x, bias, activation, backend)
+    _bias_gelu_.run(x, bias, activation, backend)
     return x
 
 
 # ---------------------------------------------------------------- linear_gelu
-@torch.library.custom_op("bertfast::linear_gelu", mutates_args=())
+@_op("linear_gelu", ())
 def _linear_gelu(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str,
                  backend: str) -> Tensor:
     checks.linear_gelu(x, weight, bias, activation)
@@ -158,11 +203,11 @@ def _(x, weight, *rest):
 
 
 def linear_gelu(x, weight, bias=None, activation: str = "gelu", backend: str = "auto") -> Tensor:
-    return _linear_gelu(x, weight, bias, activation, backend)
+    return _linear_gelu.run(x, weight, bias, activation, backend)
 
 
 # ---------------------------------------------------------------- attention
-@torch.library.custom_op("bertfast::attention", mutates_args=())
+@_op("attention", ())
 def _attention(qkv: Tensor, attention_mask: Optional[Tensor], num_heads: int, scale: float,
                backend: str) -> Tensor:
     checks.attention(qkv, attention_mask, num_heads, scale)
@@ -178,10 +223,10 @@ def attention(qkv, attention_mask=None, num_heads: int = 1, scale: Optional[floa
               backend: str = "auto") -> Tensor:
     if scale is None:
         scale = (qkv.shape[-1] // 3 // num_heads) ** -0.5
-    return _attention(qkv, attention_mask, int(num_heads), float(scale), backend)
+    return _attention.run(qkv, attention_mask, int(num_heads), float(scale), backend)
 
 
-@torch.library.custom_op("bertfast::attention_varlen", mutates_args=())
+@_op("attention_varlen", ())
 def _attention_varlen(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int, num_heads: int,
                       scale: float, backend: str) -> Tensor:
     checks.attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale)
@@ -197,12 +242,12 @@ def attention_varlen(qkv, cu_seqlens, max_seqlen: int, num_heads: int,
                      scale: Optional[float] = None, backend: str = "auto") -> Tensor:
     if scale is None:
         scale = (qkv.shape[-1] // 3 // num_heads) ** -0.5
-    return _attention_varlen(qkv, cu_seqlens, int(max_seqlen), int(num_heads), float(scale),
+    return _attention_varlen.run(qkv, cu_seqlens, int(max_seqlen), int(num_heads), float(scale),
                              backend)
 
 
 # ---------------------------------------------------------------- pack / unpack
-@torch.library.custom_op("bertfast::pack_tokens", mutates_args=())
+@_op("pack_tokens", ())
 def _pack_tokens(x: Tensor, indices: Tensor, backend: str) -> Tensor:
     checks.pack_tokens(x, indices)
     return _run("pack_tokens", backend, x, x, indices)
@@ -214,10 +259,10 @@ def _(x, indices, backend):
 
 
 def pack_tokens(x, indices, backend: str = "auto") -> Tensor:
-    return _pack_tokens(x, indices, backend)
+    return _pack_tokens.run(x, indices, backend)
 
 
-@torch.library.custom_op("bertfast::unpack_tokens", mutates_args=())
+@_op("unpack_tokens", ())
 def _unpack_tokens(x: Tensor, indices: Tensor, num_rows: int, backend: str) -> Tensor:
     checks.unpack_tokens(x, indices, num_rows)
     return _run("unpack_tokens", backend, x, x, indices, num_rows)
@@ -229,4 +274,4 @@ def _(x, indices, num_rows, backend):
 
 
 def unpack_tokens(x, indices, num_rows: int, backend: str = "auto") -> Tensor:
-    return _unpack_tokens(x, indices, int(num_rows), backend)
+    return _unpack_tokens.run(x, indices, int(num_rows), backend)
