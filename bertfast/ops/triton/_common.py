@@ -60,15 +60,16 @@ def elementwise_warps(tile_elements: int) -> int:
 def apply_activation(x, ACTIVATION: tl.constexpr):
     """GELU (erf) / GELU (tanh approximation) / ReLU of an fp32 block.
 
-    The tanh form uses 0.5 * (1 + tanh(u)) == sigmoid(2u), i.e. x / (1 + exp(-2u)):
-    no tanh intrinsic needed and no overflow trouble (exp -> inf gives x / inf = -0).
+    The tanh form uses 0.5 * (1 + tanh(u)) == sigmoid(2u) (no tanh intrinsic needed),
+    with the sigmoid evaluated from e = exp(-2|u|) <= 1 so exp never overflows.
     ReLU keeps NaN (where(x < 0, 0, x)) like torch.
     """
     if ACTIVATION == 0:
         y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
     elif ACTIVATION == 1:
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-        y = x / (1.0 + tl.exp(-2.0 * u))
+        e = tl.exp(-2.0 * tl.abs(u))
+        y = x * tl.where(u >= 0.0, 1.0, e) / (1.0 + e)
     else:
         y = tl.where(x < 0.0, 0.0, x)
     return y

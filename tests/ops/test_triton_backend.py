@@ -1,0 +1,330 @@
+"""Triton-specific tests of the ``triton`` backend (bertfast/ops/triton/).
+
+The per-op parity tests (tests/ops/test_<op>.py) already run the triton backend on
+the shared cases; this file adds what is particular to the Triton kernels: tile
+tails (hidden 96 / 1023 / 1500, head_dim 80 padded to BLOCK_D 128), strided inputs
+read through their strides, bounds safety of id / index loads, the bf16 rounding of
+the stores, the backend's availability reasons and its lazy import of triton.
+
+Without a GPU every kernel runs on CPU tensors under TRITON_INTERPRET=1 (set in
+tests/conftest.py before any kernel is defined), so shapes stay small: the whole
+file runs in well under a minute interpreted on 2 cores.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import bertfast.ops as ops
+from bertfast.ops import reference
+from bertfast.ops.dispatch import BackendError, get_backend
+
+from .harness import DTYPES, HAS_CUDA, INTERPRETED, assert_parity, device_for
+
+pytestmark = pytest.mark.skipif(
+    not (HAS_CUDA or INTERPRETED),
+    reason="the triton backend needs a CUDA GPU or TRITON_INTERPRET=1",
+)
+
+DEV = device_for("triton")
+ACTIVATIONS = ["gelu", "gelu_tanh", "relu"]
+
+# Tolerances of the checks below that are not the parity rule (harness.assert_parity
+# owns that one, with its ATOL table), as data, per dtype:
+# - "pack": pack/unpack only move rows; anything but bit-exact is a bug.
+# - "store_rounding": the element-wise kernels compute in fp32 and round once to the
+#   storage dtype, like torch's fp16/bf16 element-wise ops (which upcast to fp32
+#   internally). The stores round to nearest even on the bits (cast_out), so the
+#   result equals torch's except where the two fp32 values (different erf / exp
+#   implementations, ~1 fp32 ulp apart where |out| is not tiny) straddle a rounding boundary: a fraction
+#   ~2^-13 of elements at most, so 1e-3 of the elements may differ. A truncating
+#   cast (what the interpreter's own fp32->bf16 cast does) differs on ~half of them.
+# - "attention_batch": one sequence alone vs. inside a padded batch runs the same
+#   tiles over the same keys (masked keys add exact zeros), so fp32 agrees to
+#   rounding of the reordered sums: 1e-6 on O(1) outputs; fp16 one ulp of O(1): 1e-3.
+TOL = {
+    "pack": {torch.float32: 0.0, torch.float16: 0.0, torch.bfloat16: 0.0},
+    "store_rounding": {torch.float16: 1e-3, torch.bfloat16: 1e-3},
+    "attention_batch": {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3},
+}
+
+
+def _skip_bf16_dot(dtype):
+    if INTERPRETED and dtype == torch.bfloat16:
+        pytest.skip("the Triton interpreter computes tl.dot wrongly for bf16 inputs "
+                    "(checked on a GPU instead)")
+
+
+# ------------------------------------------------------------------ backend object
+def test_backend_available_here():
+    backend = get_backend("triton")
+    assert backend.unavailable(DEV.type) is None
+
+
+def test_cpu_needs_interpreter(monkeypatch):
+    backend = get_backend("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    reason = backend.unavailable("cpu")
+    assert reason and "TRITON_INTERPRET=1" in reason
+
+
+def test_import_is_lazy_and_missing_triton_is_a_reason():
+    """``import bertfast.ops.triton`` imports no triton; without triton the backend
+    is unavailable with a reason (and ``import bertfast`` still works)."""
+    code = (
+        "import sys\n"
+        "import bertfast.ops.triton as t\n"
+        "assert 'triton' not in sys.modules, 'triton imported eagerly'\n"
+        "sys.modules['triton'] = None  # make 'import triton' fail\n"
+        "r = t.BACKEND.unavailable('cuda')\n"
+        "assert r and 'triton' in r, r\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+
+
+def test_unsupported_inputs_give_reasons():
+    qkv = torch.randn(1, 4, 3 * 256, device=DEV)
+    with pytest.raises(BackendError, match="head_dim 256"):
+        ops.attention(qkv, None, 1, backend="triton")
+    x = torch.randn(3, 8, dtype=torch.float64, device=DEV)
+    with pytest.raises(BackendError, match="float64"):
+        ops.bias_gelu(x, None, "gelu", backend="triton")
+
+
+# ------------------------------------------------------------------ layernorm
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [96, 1023, 1500])
+def test_add_layernorm_hidden_tails(dtype, hidden):
+    # A large mean offset stresses the variance: a one-pass E[x^2] - E[x]^2 in fp32
+    # loses most digits at |mean| / std = 300.
+    x = torch.randn(3, 5, hidden) + 300.0
+    residual = torch.randn(3, 5, hidden)
+    bias, weight, ln_bias = torch.randn(hidden), torch.randn(hidden), torch.randn(hidden)
+    assert_parity("add_layernorm", "triton", (x, residual, bias, weight, ln_bias, 1e-12), dtype)
+    assert_parity("add_layernorm", "triton", (x, residual, None, weight, ln_bias, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_layernorm_strided_rows(dtype):
+    base = torch.randn(6, 2 * 96)
+    x = base[:, :96]  # row stride 192, unit column stride: read through the stride
+    args = (x, torch.randn(6, 96), torch.randn(96), torch.randn(96), torch.randn(96), 1e-12)
+    assert_parity("add_layernorm", "triton", args, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden,with_types,id_dtype", [
+    (96, True, torch.int64), (1023, False, torch.int32), (1500, True, torch.int32)])
+def test_embed_layernorm(dtype, hidden, with_types, id_dtype):
+    V, P, B, S = 50, 16, 2, 7
+    ids = torch.randint(0, V, (B, S), dtype=id_dtype)
+    pos = torch.arange(S).expand(B, S).to(id_dtype)
+    types = torch.randint(0, 2, (B, S), dtype=id_dtype) if with_types else None
+    type_table = torch.randn(2, hidden) if with_types else None
+    args = (ids, pos, types, torch.randn(V, hidden), torch.randn(P, hidden), type_table,
+            torch.randn(hidden), torch.randn(hidden), 1e-12)
+    assert_parity("embed_layernorm", "triton", args, dtype)
+
+
+def test_embed_layernorm_out_of_range_ids_never_read():
+    """Ids outside the tables (which the boundary check lets through only while
+    capturing/compiling) are clamped for the load and flag their row with NaN."""
+    from bertfast.ops.triton import layernorm
+
+    E, V = 96, 10
+    word = torch.randn(V, E, device=DEV)
+    pos_table = torch.randn(8, E, device=DEV)
+    ids = torch.tensor([[1, V, -3, 2]], device=DEV)
+    pos = torch.tensor([[0, 1, 2, 99]], device=DEV)
+    w, b = torch.ones(E, device=DEV), torch.zeros(E, device=DEV)
+    out = layernorm.embed_layernorm(ids, pos, None, word, pos_table, None, w, b, 1e-12)
+    bad = torch.isnan(out).all(-1)[0].tolist()
+    assert bad == [False, True, True, True]
+    torch.testing.assert_close(out[0, 0], reference.embed_layernorm(
+        ids[:, :1], pos[:, :1], None, word, pos_table, None, w, b, 1e-12)[0, 0])
+
+
+# ------------------------------------------------------------------ bias + activation
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_bias_gelu(dtype, activation):
+    x = 3 * torch.randn(4, 9, 1500)
+    bias = torch.randn(1500)
+    out = assert_parity("bias_gelu", "triton", (x, bias, activation), dtype)
+    if dtype in TOL["store_rounding"]:
+        # computed in fp32, rounded once to nearest even: torch's result, bit for bit,
+        # but for rare boundary cases
+        xd, bd = x.to(DEV, dtype), bias.to(DEV, dtype)
+        expect = reference.activation(xd.float() + bd.float(), activation).to(dtype)
+        # where 1 + erf(x / sqrt 2) cancels (x << 0) both sides carry fp32 *absolute*
+        # error only, so compare where the output has full relative precision
+        full = expect.abs() > 0.25
+        differ = (out[full] != expect[full]).float().mean().item()
+        assert differ <= TOL["store_rounding"][dtype], f"{differ:.2%} of elements differ"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_bias_gelu_in_place(dtype, activation):
+    x = torch.randn(33, 130, device=DEV, dtype=dtype)
+    bias = torch.randn(130, device=DEV, dtype=dtype)
+    expect = ops.bias_gelu(x, bias, activation, backend="triton")
+    y = x.clone()
+    assert ops.bias_gelu_(y, bias, activation, backend="triton") is y
+    assert torch.equal(y, expect)
+    # a strided view is written through the view, the rest untouched
+    base = torch.randn(33, 260, device=DEV, dtype=dtype)
+    keep = base.clone()
+    view = base[:, ::2]
+    ops.bias_gelu_(view, bias, activation, backend="triton")
+    assert torch.equal(base[:, ::2], ops.bias_gelu(keep[:, ::2], bias, activation,
+                                                   backend="triton"))
+    assert torch.equal(base[:, 1::2], keep[:, 1::2])
+
+
+def test_bias_gelu_extremes():
+    """Large |x|: tanh GELU must not overflow (-> NaN) and matches torch's limits."""
+    x = torch.tensor([[-1e4, -60.0, -10.0, 0.0, 10.0, 60.0, 1e4]], device=DEV)
+    for act in ACTIVATIONS:
+        out = ops.bias_gelu(x, None, act, backend="triton")
+        torch.testing.assert_close(out, reference.bias_gelu(x, None, act), atol=1e-6, rtol=1e-6)
+
+
+# ------------------------------------------------------------------ linear + activation
+LINEAR_SHAPES = [
+    (37, 96, 130),   # every tile edge ragged (M, N, K not multiples of the tiles)
+    (1, 40, 17),     # one token, K below BLOCK_K
+    (128, 256, 512),  # a few full tiles, K loop of several steps
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M,K,N", LINEAR_SHAPES)
+def test_linear_gelu(dtype, M, K, N):
+    _skip_bf16_dot(dtype)
+    x = torch.randn(M, K)
+    weight = torch.randn(N, K) / K ** 0.5
+    bias = torch.randn(N)
+    for act in ACTIVATIONS if M < 128 else ["gelu"]:
+        assert_parity("linear_gelu", "triton", (x, weight, bias, act), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_gelu_strided_and_batched(dtype):
+    _skip_bf16_dot(dtype)
+    # x transposed in memory (column-major), 3-D, no bias
+    x = torch.randn(96, 2 * 9).t().reshape(2, 9, 96)
+    assert_parity("linear_gelu", "triton", (x, torch.randn(70, 96) / 10, None, "gelu"), dtype)
+    # weight given as a transposed view of a [K, N] tensor
+    w = (torch.randn(96, 70) / 10).t()
+    assert_parity("linear_gelu", "triton", (torch.randn(5, 96), w, torch.randn(70), "relu"),
+                  dtype)
+
+
+# ------------------------------------------------------------------ attention
+def _mask(rows):
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [32, 80])
+def test_attention_ragged_masks(dtype, head_dim):
+    _skip_bf16_dot(dtype)
+    S, heads = 40, 2
+    mask = torch.ones(4, S, dtype=torch.int64)
+    mask[0, 23:] = 0          # right padding
+    mask[1, :30] = 0          # left padding (keys before the first real token)
+    mask[2, 5:9] = 0          # holes in the middle
+    mask[2, 33:] = 0
+    mask[3, :] = 0            # an all-masked row
+    qkv = torch.randn(4, S, 3 * heads * head_dim)
+    out = assert_parity("attention", "triton", (qkv, mask, heads, head_dim ** -0.5), dtype)
+    assert (out[~mask.bool().to(out.device)] == 0).all()
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int32, torch.float32])
+def test_attention_mask_dtypes(mask_dtype):
+    qkv = torch.randn(2, 9, 3 * 64)
+    mask = _mask([[1] * 9, [1] * 4 + [0] * 5]).to(mask_dtype)
+    assert_parity("attention", "triton", (qkv, mask, 2, 0.125), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_seq1(dtype):
+    _skip_bf16_dot(dtype)
+    qkv = torch.randn(3, 1, 3 * 2 * 32)
+    assert_parity("attention", "triton", (qkv, None, 2, 32 ** -0.5), dtype)
+    assert_parity("attention", "triton", (qkv, _mask([[1], [0], [1]]), 2, 32 ** -0.5), dtype)
+
+
+def test_attention_strided_qkv():
+    """qkv read through its strides (a slice of a wider buffer) -- no copy needed."""
+    buf = torch.randn(2, 33, 3 * 96 + 16)
+    qkv = buf[:, :, 8:8 + 3 * 96]
+    assert_parity("attention", "triton", (qkv, _mask([[1] * 33, [1] * 20 + [0] * 13]), 3,
+                                          32 ** -0.5), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [32, 80])
+def test_attention_varlen(dtype, head_dim):
+    _skip_bf16_dot(dtype)
+    lengths, heads = [5, 1, 0, 37, 16], 2
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths).cumsum(0)
+    qkv = torch.randn(sum(lengths), 3 * heads * head_dim)
+    assert_parity("attention_varlen", "triton", (qkv, cu, max(lengths), heads,
+                                                 head_dim ** -0.5), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_attention_batch_invariance(dtype):
+    """A sequence alone, inside a padded batch, and inside a packed batch: same output."""
+    heads, d, S = 3, 32, 24
+    qkv = torch.randn(2, S, 3 * heads * d, device=DEV, dtype=dtype)
+    mask = _mask([[1] * S, [1] * 10 + [0] * (S - 10)]).to(DEV)
+    batched = ops.attention(qkv, mask, heads, backend="triton")
+    alone = ops.attention(qkv[1:, :10], None, heads, backend="triton")
+    cu = torch.tensor([0, S, S + 10], dtype=torch.int32, device=DEV)
+    packed = ops.attention_varlen(torch.cat([qkv[0], qkv[1, :10]]), cu, S, heads,
+                                  backend="triton")
+    tol = TOL["attention_batch"][dtype]
+    assert (batched[1, :10] - alone[0]).abs().max().item() <= tol
+    assert (packed[S:] - alone[0]).abs().max().item() <= tol
+    assert (packed[:S] - batched[0]).abs().max().item() <= tol
+
+
+# ------------------------------------------------------------------ pack / unpack
+@pytest.mark.parametrize("dtype", DTYPES + [torch.int64, torch.bool])
+def test_pack_unpack_roundtrip(dtype):
+    x = (10 * torch.randn(12, 3, 5)).to(dtype).to(DEV)
+    indices = torch.tensor([0, 3, 4, 7, 11], device=DEV)
+    packed = ops.pack_tokens(x, indices, backend="triton")
+    assert packed.dtype == dtype and torch.equal(packed, reference.pack_tokens(x, indices))
+    back = ops.unpack_tokens(packed, indices, 12, backend="triton")
+    assert torch.equal(back, reference.unpack_tokens(packed, indices, 12))
+    ids = torch.arange(12, device=DEV)  # 1-D (one column per row)
+    assert torch.equal(ops.pack_tokens(ids, indices, backend="triton"), ids[indices])
+
+
+def test_pack_unpack_out_of_range_never_dereferenced():
+    """Indices the boundary check could not see (graph capture): pack flags NaN,
+    unpack drops the row; neither reads or writes outside its tensors."""
+    from bertfast.ops.triton import pack
+
+    x = torch.randn(4, 3, device=DEV)
+    idx = torch.tensor([2, 4, -1], device=DEV)
+    out = pack.pack_tokens(x, idx)
+    assert torch.equal(out[0], x[2]) and torch.isnan(out[1:]).all()
+    back = pack.unpack_tokens(x[:3], idx, 4)
+    expect = torch.zeros(4, 3, device=DEV)
+    expect[2] = x[0]
+    assert torch.equal(back, expect)
