@@ -1,0 +1,366 @@
+"""Turn pytest-benchmark JSON from this suite into a Markdown report and PNG plots.
+
+    python benchmarks/report.py RESULTS.json [MORE.json ...] [--out DIR]
+
+Writes ``report.md``, ``e2e.png`` and ``kernels.png`` (whichever suites are present)
+under ``DIR`` (default ``benchmarks/results/<device>/``, the device name recorded in
+the runs), prints the report, and ends it with the *targets* section: each tracked
+target met / not met / not measured, with the numbers behind it. Targets are tracked,
+never asserted.
+
+Ratios are recomputed here from the medians in the same JSON file (same run, same
+inputs): ``x B`` = median of baseline ``B`` / median of the row (> 1: faster than B).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import OrderedDict, defaultdict
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BASELINES = ("transformers-eager", "transformers-sdpa", "torch-compile", "onnxruntime")
+SHORT = {"transformers-eager": "eager", "transformers-sdpa": "sdpa",
+         "torch-compile": "compile", "onnxruntime": "ORT", "pytorch": "pytorch"}
+
+
+def load(paths: List[str]):
+    rows, machine = [], {}
+    for p in paths:
+        with open(p) as f:
+            data = json.load(f)
+        machine = data.get("machine_info", machine)
+        for b in data.get("benchmarks", []):
+            info = dict(b.get("extra_info") or {})
+            st = b.get("stats") or {}
+            info.setdefault("median_s", st.get("median"))
+            info.setdefault("iqr_s", st.get("iqr"))
+            info["name"] = b.get("name")
+            if info.get("suite") in ("e2e", "kernels") and info.get("median_s"):
+                rows.append(info)
+    return rows, machine
+
+
+def _ms(s: Optional[float]) -> str:
+    return "-" if s is None else (f"{s * 1e3:.3f}" if s < 0.01 else f"{s * 1e3:.2f}")
+
+
+def _num(v: Optional[float], fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _mb(v: Optional[int]) -> str:
+    return "-" if v is None else f"{v / 2 ** 20:.0f}"
+
+
+# ---------------------------------------------------------------- end to end
+def e2e_groups(rows):
+    """OrderedDict (model, workload) -> {provider: row}."""
+    groups: Dict[tuple, Dict[str, dict]] = OrderedDict()
+    for r in rows:
+        if r.get("suite") == "e2e":
+            groups.setdefault((r["model"], r["workload"]), OrderedDict())[r["provider"]] = r
+    return groups
+
+
+def e2e_table(rows) -> str:
+    groups = e2e_groups(rows)
+    if not groups:
+        return ""
+    present = [b for b in BASELINES if any(b in g for g in groups.values())]
+    gpu = any(r.get("ceiling_share") is None for g in groups.values() for r in g.values())
+    head = (["model", "workload", "provider", "median ms", "IQR ms", "seq/s", "tok/s",
+             "GFLOP/s"] + ([] if gpu else ["% GEMM"]) + [f"x {SHORT[b]}" for b in present]
+            + ["parity (max err)", "peak MB"])
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (model, wl), provs in groups.items():
+        for name, r in provs.items():
+            med = r["median_s"]
+            cells = [model, wl + (f" ({r['padding_fraction'] * 100:.0f}% pad)"
+                                  if r.get("padding_fraction") else ""),
+                     f"**{name}**" if r.get("is_bertfast") else name,
+                     _ms(med), _ms(r.get("iqr_s")), _num(r.get("seq_per_s")),
+                     _num(r.get("tok_per_s"), "{:.0f}"), _num(r.get("gflops"))]
+            if not gpu:
+                cs = r.get("ceiling_share")
+                cells.append("-" if cs is None else f"{cs * 100:.0f}%")
+            for b in present:
+                if b == name or b not in provs:
+                    cells.append("-")
+                else:
+                    cells.append(f"{provs[b]['median_s'] / med:.2f}")
+            err = r.get("parity_max_abs_err")
+            ok = r.get("parity_ok", True)
+            cells.append(("ok" if ok else "**WRONG**") + ("" if err is None else f" ({err:.0e})"))
+            cells.append(_mb(r.get("peak_mem_bytes")))
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def best_bertfast(provs: Dict[str, dict]) -> Optional[dict]:
+    cands = [r for n, r in provs.items() if r.get("is_bertfast") and r.get("parity_ok", True)]
+    return min(cands, key=lambda r: r["median_s"]) if cands else None
+
+
+# ---------------------------------------------------------------- targets
+def _status(values: List[bool]) -> str:
+    if not values:
+        return "not measured"
+    return "met" if all(values) else "not met"
+
+
+def targets(rows) -> str:
+    groups = e2e_groups(rows)
+    lines = ["## Targets (tracked, never asserted)", ""]
+    devs = {r.get("device", "") for r in rows if r.get("suite") == "e2e"}
+    on_gpu = any(not d.startswith("cpu") for d in devs)
+    if not groups:
+        return "\n".join(lines + ["no end-to-end rows: nothing to judge"])
+    models = list(OrderedDict.fromkeys(m for m, _ in groups))
+
+    def ratio_vs(model, pred, base, need):
+        evid, ok = [], []
+        for (m, wl), provs in groups.items():
+            if m != model or not pred(next(iter(provs.values()))):
+                continue
+            bf = best_bertfast(provs)
+            if bf is None or base not in provs:
+                continue
+            r = provs[base]["median_s"] / bf["median_s"]
+            ok.append(r >= need)
+            evid.append(f"{wl} {r:.2f}x ({bf['provider']})")
+        return ok, evid
+
+    if not on_gpu:
+        lines.append("CPU fp32 (threads as recorded); best bertfast provider with correct "
+                     "output per workload.")
+        lines.append("")
+        lines.append("| target | model | status | evidence |")
+        lines.append("|---|---|---|---|")
+        for model in models:
+            if model not in ("minilm", "bert-base"):
+                continue
+            ok, ev = ratio_vs(model, lambda r: r.get("kind") == "grid", "onnxruntime", 1.0)
+            lines.append(f"| best bertfast >= 1.0x ORT, full batches | {model} | {_status(ok)} | "
+                         f"{'; '.join(ev) or '-'} |")
+            ok, ev = ratio_vs(model, lambda r: r.get("workload") == "1x32",
+                              "transformers-eager", 1.5)
+            lines.append(f"| >= 1.5x transformers eager at 1x32 | {model} | {_status(ok)} | "
+                         f"{'; '.join(ev) or '-'} |")
+            ok, ev = ratio_vs(model, lambda r: r.get("kind") == "ragged", "onnxruntime", 1.8)
+            lines.append(f"| >= 1.8x ORT on ragged batches | {model} | {_status(ok)} | "
+                         f"{'; '.join(ev) or '-'} |")
+            ok, ev = [], []
+            for (m, wl), provs in groups.items():
+                first = next(iter(provs.values()))
+                if m != model or first.get("kind") != "grid" or first.get("batch", 0) < 8:
+                    continue
+                bf = best_bertfast(provs)
+                if bf is None or bf.get("ceiling_share") is None:
+                    continue
+                ok.append(bf["ceiling_share"] >= 0.85)
+                ev.append(f"{wl} {bf['ceiling_share'] * 100:.0f}%")
+            lines.append(f"| >= 85% of GEMM ceiling at batch >= 8 | {model} | {_status(ok)} | "
+                         f"{'; '.join(ev) or '-'} |")
+    else:
+        lines.append("GPU, BERT-base (fp16 expected); best bertfast provider with correct output.")
+        lines.append("")
+        lines.append("| target | status | evidence |")
+        lines.append("|---|---|---|")
+
+        def wl_time(wl):
+            provs = groups.get(("bert-base", wl))
+            return (provs, best_bertfast(provs)) if provs else (None, None)
+
+        for wl, limit in (("32x128", 1.3e-3), ("1x128", 0.2e-3),
+                          ("ragged32-mean64-max128", 0.8e-3)):
+            provs, bf = wl_time(wl)
+            st = "not measured" if bf is None else ("met" if bf["median_s"] <= limit else "not met")
+            ev = "-" if bf is None else f"{bf['median_s'] * 1e3:.3f} ms ({bf['provider']}, {bf['dtype']})"
+            lines.append(f"| {wl} <= {limit * 1e3:.1f} ms | {st} | {ev} |")
+        provs, bf = wl_time("32x128")
+        if bf is not None and "transformers-sdpa" in provs:
+            r = provs["transformers-sdpa"]["median_s"] / bf["median_s"]
+            lines.append(f"| >= 2x transformers SDPA at 32x128 | {'met' if r >= 2 else 'not met'} | "
+                         f"{r:.2f}x |")
+        else:
+            lines.append("| >= 2x transformers SDPA at 32x128 | not measured | - |")
+    wrong = sorted({r["name"] for r in rows if r.get("is_bertfast") and not r.get("parity_ok", True)})
+    if wrong:
+        lines += ["", f"**Parity failures (excluded from targets):** {', '.join(wrong)}"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- kernels
+def kernel_table(rows) -> str:
+    ks = [r for r in rows if r.get("suite") == "kernels"]
+    if not ks:
+        return ""
+    head = ["op", "tokens x hidden", "impl", "median ms", "IQR ms", "GB/s or GFLOP/s",
+            "x pytorch", "parity (max err)"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = {(r["op"], r["tokens"], r["hidden"]): r["median_s"] for r in ks
+            if r["provider"] == "pytorch"}
+    for r in ks:
+        key = (r["op"], r["tokens"], r["hidden"])
+        rate = r.get("gbps") if r.get("unit") == "GB" else r.get("gflops")
+        unit = "GB/s" if r.get("unit") == "GB" else "GFLOP/s"
+        ratio = "-" if r["provider"] == "pytorch" or key not in base else \
+            f"{base[key] / r['median_s']:.2f}"
+        cells = [r["op"], f"{r['tokens']}x{r['hidden']}",
+                 f"**{r['provider']}**" if r.get("is_bertfast") else r["provider"],
+                 _ms(r["median_s"]), _ms(r.get("iqr_s")),
+                 "-" if rate is None else f"{rate:.1f} {unit}", ratio,
+                 ("ok" if r.get("parity_ok", True) else "**WRONG**")
+                 + f" ({r.get('parity_max_abs_err', 0):.0e})"]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- plots
+def plot_e2e(rows, path: str) -> bool:
+    groups = e2e_groups(rows)
+    if not groups:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(OrderedDict.fromkeys(m for m, _ in groups))
+    fig, axes = plt.subplots(len(models), 1, figsize=(12, 4.2 * len(models)), squeeze=False)
+    for ax, model in zip(axes[:, 0], models):
+        wls = [wl for (m, wl) in groups if m == model]
+        provs = list(OrderedDict.fromkeys(p for (m, _), g in groups.items() if m == model
+                                          for p in g))
+        width = 0.8 / max(len(provs), 1)
+        for i, p in enumerate(provs):
+            ys = [groups[(model, wl)].get(p, {}).get("tok_per_s") or 0 for wl in wls]
+            xs = [j + (i - (len(provs) - 1) / 2) * width for j in range(len(wls))]
+            ax.bar(xs, ys, width, label=p, hatch="//" if p.startswith("bertfast") else None)
+        ax.set_xticks(range(len(wls)))
+        ax.set_xticklabels(wls, rotation=20, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel("real tokens / s (log)")
+        dev = next(iter(groups[(model, wls[0])].values())).get("device", "")
+        ax.set_title(f"{model} on {dev}")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_kernels(rows, path: str) -> bool:
+    ks = [r for r in rows if r.get("suite") == "kernels"]
+    if not ks:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    opsl = list(OrderedDict.fromkeys(r["op"] for r in ks))
+    cols = 3
+    nrow = (len(opsl) + cols - 1) // cols
+    fig, axes = plt.subplots(nrow, cols, figsize=(15, 4 * nrow), squeeze=False)
+    styles = ["-", "--", ":", "-."]
+    for ax, op in zip(axes.flat, opsl):
+        rs = [r for r in ks if r["op"] == op]
+        hiddens = sorted({r["hidden"] for r in rs})
+        for impl in OrderedDict.fromkeys(r["provider"] for r in rs):
+            for k, h in enumerate(hiddens):
+                pts = sorted((r["tokens"], r.get("gbps") or r.get("gflops") or 0)
+                             for r in rs if r["provider"] == impl and r["hidden"] == h)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[k % 4], marker="o",
+                            label=f"{impl} H={h}")
+        ax.set_xscale("log", base=2)
+        ax.set_title(op)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("GB/s" if rs[0].get("unit") == "GB" else "GFLOP/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(opsl):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ---------------------------------------------------------------- main
+def build(rows, machine) -> str:
+    parts = []
+    e2e = [r for r in rows if r.get("suite") == "e2e"]
+    dev = (e2e or rows)[0].get("device", "unknown") if rows else "unknown"
+    parts.append(f"# bertfast benchmarks on `{dev}`")
+    parts.append("")
+    if e2e:
+        ceil = e2e[0].get("ceiling_gflops")
+        probes = [r["probe_gflops"] for r in e2e if r.get("probe_gflops")]
+        thr = e2e[0].get("threads")
+        parts.append(f"- dtype {e2e[0].get('dtype')}" + (f", {thr} threads" if thr else "")
+                     + (f"; GEMM ceiling (2048^3 fp32 torch.mm, this run): **{ceil:.0f} GFLOP/s**"
+                        if ceil else ""))
+        if probes:
+            parts.append(f"- machine noise: a 512^3 GEMM probe before each case ranged "
+                         f"{min(probes):.0f}..{max(probes):.0f} GFLOP/s")
+        parts.append("- GFLOP/s = useful FLOPs (real tokens only: 2 x tokens x GEMM weights "
+                     "+ 4 x L^2 x H attention, per layer) / median time; padded providers get no "
+                     "credit for padding, so GFLOP/s ratios equal speed ratios")
+        parts.append("- `x B` = median of baseline B / median of the row, same run, same inputs; "
+                     "parity = max |out - transformers eager fp32| on real tokens")
+        parts.append("- peak MB = resident-set growth over one call (CPU) or CUDA allocator "
+                     "peak growth (GPU)")
+        if machine.get("cpu", {}).get("brand_raw"):
+            parts.append(f"- CPU: {machine['cpu']['brand_raw']}")
+        parts.append("")
+        parts.append("## End to end")
+        parts.append("")
+        parts.append(e2e_table(rows))
+        parts.append("")
+        parts.append(targets(rows))
+        parts.append("")
+    kt = kernel_table(rows)
+    if kt:
+        parts.append("## Kernels (bertfast backends vs the PyTorch ops they replace)")
+        parts.append("")
+        parts.append(kt)
+        parts.append("")
+    return "\n".join(parts)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("json", nargs="+", help="pytest-benchmark --benchmark-json files")
+    p.add_argument("--out", default=None,
+                   help="output folder (default benchmarks/results/<device>/)")
+    args = p.parse_args(argv)
+    rows, machine = load(args.json)
+    if not rows:
+        print("report: no rows from this suite with timings in", args.json, file=sys.stderr)
+        return 1
+    dev = next((r.get("device") for r in rows if r.get("device")), "unknown")
+    out = args.out or os.path.join(HERE, "results", dev)
+    os.makedirs(out, exist_ok=True)
+    text = build(rows, machine)
+    pngs = []
+    if plot_e2e(rows, os.path.join(out, "e2e.png")):
+        pngs.append("e2e.png")
+    if plot_kernels(rows, os.path.join(out, "kernels.png")):
+        pngs.append("kernels.png")
+    if pngs:
+        text += "\n" + "\n".join(f"![{n}]({n})" for n in pngs) + "\n"
+    with open(os.path.join(out, "report.md"), "w") as f:
+        f.write(text)
+    print(text)
+    print(f"\nwrote {out}/report.md" + "".join(f", {n}" for n in pngs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
