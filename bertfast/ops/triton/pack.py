@@ -59,7 +59,7 @@ def _scatter_rows_kernel(
 
 
 def _tiles(n_cols: int):
-    block_n = min(next_pow2(n_cols), 1024)
+    block_n = min(max(16, next_pow2(n_cols)), 1024)  # >= 16: no 1-wide tiles on GPUs
     target = 32768 if is_interpret() else 4096
     block_m = max(1, min(1024, target // block_n))
     return block_m, block_n, elementwise_warps(block_m * block_n)
