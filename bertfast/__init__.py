@@ -20,7 +20,7 @@ _LAZY = {
     "EncoderConfig": "bertfast.config",
     "Embedder": "bertfast.embedder",
     "default_checkpoint": "bertfast.embedder",
-    "optimize": "bertfast.optimize",
+    "optimize": "bertfast.dropin",
     "backends": "bertfast.info",
     "build_info": "bertfast.info",
     "BackendError": "bertfast.ops.dispatch",

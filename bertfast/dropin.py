@@ -1,0 +1,246 @@
+"""Drop-in: ``optimize(model)``: run an existing transformers / sentence-transformers model on bertfast.
+
+The model keeps its class, call signature, head modules and output classes; only
+the forward of its encoder (``model.base_model``: ``BertModel``, ``RobertaModel``,
+``AlbertModel``, ``ElectraModel``, ``DistilBertModel``...) is replaced by
+bertfast's padding-free encoder, which reads the model's own weight tensors:
+
+- weights are shared, not copied: bertfast's canonical weights alias the model's
+  parameters, and the fused ``[3H, H]`` QKV matrix becomes the storage of the
+  model's query/key/value parameters (they are re-pointed at views of it), so
+  memory after ``optimize()`` stays at the size of the original model;
+- heads (classifiers, LM heads, QA...) run unchanged on bertfast's encoder output;
+- arguments bertfast does not implement (``output_attentions=True``, ``head_mask``,
+  ``inputs_embeds``, ``past_key_values``, cross-attention inputs, ...) or a model in
+  training mode run the original transformers forward for that call, with a
+  warning naming the reason (``fallback=False`` raises instead);
+- padded positions of the encoder output are zero (parity holds on real tokens).
+
+``undo(model)`` restores the original forward.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import warnings
+from typing import Optional
+
+import torch
+
+from .checkpoint import canonical_name, convert
+from .config import EncoderConfig
+from .model import BertfastModel
+
+__all__ = ["optimize", "undo", "UnsupportedArgument"]
+
+#: Arguments bertfast's encoder implements.
+_SUPPORTED = {"input_ids", "attention_mask", "token_type_ids", "position_ids",
+              "output_hidden_states", "return_dict"}
+
+
+class UnsupportedArgument(NotImplementedError):
+    """An argument of the original forward that bertfast does not implement."""
+
+
+def _is_sentence_transformer(model) -> bool:
+    return any(c.__name__ == "SentenceTransformer" for c in type(model).__mro__)
+
+
+def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
+             fallback: bool = True):
+    """Make ``model`` run on bertfast and return it (the same object).
+
+    ``model``: a transformers ``PreTrainedModel`` of a supported family (any head) or
+    a sentence-transformers ``SentenceTransformer``. ``backend``: as in
+    ``from_pretrained``. ``dtype``: cast the model first (``model.to(dtype)``),
+    e.g. ``torch.float16`` on a GPU. ``fallback``: what to do with an argument
+    bertfast does not implement: run the original forward (warn) or raise
+    :class:`UnsupportedArgument`.
+    """
+    if _is_sentence_transformer(model):
+        found = False
+        for module in model.modules():
+            inner = getattr(module, "auto_model", None)
+            if inner is not None:
+                optimize(inner, backend=backend, dtype=dtype, fallback=fallback)
+                found = True
+        if not found:
+            raise TypeError("this SentenceTransformer has no transformers module "
+                            "(no `auto_model`) for bertfast to optimize")
+        return model
+
+    try:
+        from transformers import PreTrainedModel
+    except ImportError as exc:  # pragma: no cover
+        raise ImportError("optimize() needs transformers installed") from exc
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"optimize() takes a transformers PreTrainedModel or a "
+                        f"SentenceTransformer, got {type(model).__name__}")
+    if backend != "auto":
+        from .ops import BACKEND_NAMES
+        if backend not in BACKEND_NAMES:
+            raise ValueError(f"unknown backend {backend!r}; choose one of "
+                             f"{', '.join(('auto',) + BACKEND_NAMES)}")
+
+    base = model.base_model
+    if dtype is not None:
+        model.to(dtype)
+    cfg = EncoderConfig.from_dict(model.config.to_dict(), source=type(model).__name__)
+    state = getattr(base, "_bertfast_state", None)
+    if state is None:
+        state = _FastForward(base, cfg, backend, fallback)
+        state.install()
+    else:
+        state.backend, state.fallback = backend, fallback
+        state.rebuild()
+    return model
+
+
+def undo(model):
+    """Restore the original transformers forward of an optimized model."""
+    if _is_sentence_transformer(model):
+        for module in model.modules():
+            inner = getattr(module, "auto_model", None)
+            if inner is not None:
+                undo(inner)
+        return model
+    base = model.base_model
+    state = getattr(base, "_bertfast_state", None)
+    if state is not None:
+        state.uninstall()
+    return model
+
+
+class _FastForward:
+    """The replacement forward of one transformers encoder module."""
+
+    def __init__(self, base, cfg: EncoderConfig, backend: str, fallback: bool):
+        self.base = base
+        self.cfg = cfg
+        self.backend = backend
+        self.fallback = fallback
+        self.original = base.forward
+        self.signature = inspect.signature(self.original)
+        self.output_cls = None
+        self.fast: Optional[BertfastModel] = None
+        self._warned = set()
+
+    # ----------------------------------------------------------- install
+    def install(self):
+        self.output_cls = self._probe_output_class()
+        self.rebuild()
+        # Plain attributes (not submodules): state_dict / save_pretrained are unchanged.
+        object.__setattr__(self.base, "_bertfast_state", self)
+        object.__setattr__(self.base, "forward", self.forward)
+
+    def uninstall(self):
+        self.base.__dict__.pop("forward", None)
+        self.base.__dict__.pop("_bertfast_state", None)
+
+    def _probe_output_class(self):
+        """The output class the original forward returns (one tiny forward)."""
+        device = self._anchor().device
+        ids = torch.full((1, 2), 1, dtype=torch.long, device=device)
+        with torch.no_grad():
+            out = self.original(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                return_dict=True)
+        return type(out)
+
+    def _anchor(self) -> torch.Tensor:
+        return next(self.base.parameters())
+
+    def rebuild(self):
+        """(Re)build the bertfast encoder over the module's current parameters and
+        make Q/K/V parameters views of the fused QKV tensor (no second copy)."""
+        anchor = self._anchor()
+        state = self.base.state_dict()
+        items = ((key, (lambda t=t: t)) for key, t in state.items())
+        weights = convert(self.cfg, items, "base", dtype=anchor.dtype, device=anchor.device,
+                          source=type(self.base).__name__)
+        params = dict(self.base.named_parameters(remove_duplicate=False))
+        with torch.no_grad():
+            for key in state:
+                mapped = canonical_name(self.cfg, key)
+                if mapped is None or mapped[1] is None or key not in params:
+                    continue
+                name, part = mapped
+                fused = weights.get(name)
+                if fused is None:
+                    continue
+                n = fused.shape[0] // 3
+                params[key].data = fused[part * n:(part + 1) * n]
+        del state
+        self.fast = BertfastModel(self.cfg, weights, head="base", backend=self.backend)
+        self._anchor_ptr = (anchor.data_ptr(), anchor.device, anchor.dtype)
+
+    def _stale(self) -> bool:
+        a = self._anchor()
+        return (a.data_ptr(), a.device, a.dtype) != self._anchor_ptr
+
+    # ----------------------------------------------------------- forward
+    def _why_fallback(self, args) -> Optional[str]:
+        if self.base.training:
+            return "the model is in training mode (bertfast is inference-only; call .eval())"
+        config = self.base.config
+        for key, value in args.items():
+            if key in _SUPPORTED:
+                continue
+            if value is None or value is False:
+                continue
+            return f"argument {key}={_short(value)} is not implemented by bertfast"
+        if args.get("output_attentions") is None and getattr(config, "output_attentions", False):
+            return "config.output_attentions=True is not implemented by bertfast"
+        mask = args.get("attention_mask")
+        if mask is not None and isinstance(mask, torch.Tensor) and mask.dim() != 2:
+            return f"a {mask.dim()}-D attention_mask (bertfast takes [batch, seq] key masks)"
+        if args.get("input_ids") is None:
+            return "input_ids is required (inputs_embeds is not implemented by bertfast)"
+        return None
+
+    def forward(self, *args, **kwargs):
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError:
+            return self.original(*args, **kwargs)  # let transformers report it
+        given = dict(bound.arguments)
+        for name, param in self.signature.parameters.items():
+            if param.kind is inspect.Parameter.VAR_KEYWORD:  # transformers 5: **kwargs
+                given.update(given.pop(name, None) or {})
+        reason = self._why_fallback(given)
+        if reason is not None:
+            if not self.fallback:
+                raise UnsupportedArgument(f"bertfast.optimize: {reason}")
+            if reason not in self._warned:
+                self._warned.add(reason)
+                warnings.warn(f"bertfast: {reason}; running the original transformers "
+                              f"forward for such calls", stacklevel=2)
+            return self.original(*args, **kwargs)
+        if self._stale():  # the user moved or cast the model since optimize()
+            self.rebuild()
+
+        config = self.base.config
+        hidden = given.get("output_hidden_states")
+        if hidden is None:
+            hidden = bool(getattr(config, "output_hidden_states", False))
+        return_dict = given.get("return_dict")
+        if return_dict is None:
+            return_dict = getattr(config, "use_return_dict", getattr(config, "return_dict", True))
+        out = self.fast(given.get("input_ids"), attention_mask=given.get("attention_mask"),
+                        token_type_ids=given.get("token_type_ids"),
+                        position_ids=given.get("position_ids"),
+                        output_hidden_states=hidden)
+        names = {f.name for f in dataclasses.fields(self.output_cls)}
+        fields = {"last_hidden_state": out.last_hidden_state}
+        if "pooler_output" in names:
+            fields["pooler_output"] = out.get("pooler_output")
+        if hidden:
+            fields["hidden_states"] = out.hidden_states
+        result = self.output_cls(**fields)
+        return result if return_dict else result.to_tuple()
+
+
+def _short(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"<tensor {tuple(value.shape)}>"
+    text = repr(value)
+    return text if len(text) < 40 else text[:37] + "..."
