@@ -1,5 +1,6 @@
 // pybind11 bindings of the CUDA kernels in kernels/cuda/ (compiled only when
-// nvcc is found). Registered into bertfast._C with a `cuda_` prefix.
+// nvcc is found), registered as the submodule bertfast._C.cuda (plus
+// bertfast._C.cuda_device_count at top level).
 //
 // The Python side (bertfast/ops/cuda.py) has already validated shapes, dtypes and
 // devices, made the tensors contiguous and allocated the outputs; it passes raw
@@ -155,27 +156,29 @@ void register_cuda_ops(pybind11::module_& m) {
   using py::arg;
   m.def("cuda_device_count", &cuda_device_count,
         "CUDA devices visible to bertfast's runtime (negative: -cudaError_t)");
-  m.def("cuda_error_name", &cuda_error_name, "Name of a cudaError_t code", arg("code"));
-  m.attr("cuda_max_layernorm_width") = cuda::kMaxLayerNormWidth;
-  m.def("cuda_attention_supports_head_dim", &cuda::attention_supports_head_dim,
+  py::module_ k = m.def_submodule("cuda", "CUDA kernels (kernels/cuda/), raw-pointer bindings");
+  k.def("device_count", &cuda_device_count,
+        "CUDA devices visible to bertfast's runtime (negative: -cudaError_t)");
+  k.def("error_name", &cuda_error_name, "Name of a cudaError_t code", arg("code"));
+  k.attr("max_layernorm_width") = cuda::kMaxLayerNormWidth;
+  k.def("attention_supports_head_dim", &cuda::attention_supports_head_dim,
         "Whether the CUDA attention kernel is instantiated for this head dim", arg("head_dim"));
-  m.def("cuda_embed_layernorm", &embed_layernorm, arg("out"), arg("input_ids"),
-        arg("position_ids"), arg("token_type_ids"), arg("word"), arg("pos"), arg("types"),
-        arg("weight"), arg("bias"), arg("rows"), arg("width"), arg("vocab"),
-        arg("max_positions"), arg("type_vocab"), arg("eps"), arg("dtype"), arg("device"),
-        arg("stream"));
-  m.def("cuda_add_layernorm", &add_layernorm, arg("out"), arg("x"), arg("residual"), arg("bias"),
+  k.def("embed_layernorm", &embed_layernorm, arg("out"), arg("input_ids"), arg("position_ids"),
+        arg("token_type_ids"), arg("word"), arg("pos"), arg("types"), arg("weight"), arg("bias"),
+        arg("rows"), arg("width"), arg("vocab"), arg("max_positions"), arg("type_vocab"),
+        arg("eps"), arg("dtype"), arg("device"), arg("stream"));
+  k.def("add_layernorm", &add_layernorm, arg("out"), arg("x"), arg("residual"), arg("bias"),
         arg("weight"), arg("ln_bias"), arg("rows"), arg("width"), arg("eps"), arg("dtype"),
         arg("device"), arg("stream"));
-  m.def("cuda_bias_act", &bias_act, arg("out"), arg("x"), arg("bias"), arg("rows"), arg("width"),
+  k.def("bias_act", &bias_act, arg("out"), arg("x"), arg("bias"), arg("rows"), arg("width"),
         arg("activation"), arg("dtype"), arg("device"), arg("stream"));
-  m.def("cuda_attention", &attention, arg("out"), arg("qkv"), arg("mask"), arg("cu_seqlens"),
+  k.def("attention", &attention, arg("out"), arg("qkv"), arg("mask"), arg("cu_seqlens"),
         arg("batch"), arg("seqlen"), arg("total_tokens"), arg("num_heads"), arg("head_dim"),
         arg("scale"), arg("dtype"), arg("device"), arg("stream"));
-  m.def("cuda_pack_rows", &pack_rows, arg("out"), arg("x"), arg("indices"), arg("num_indices"),
+  k.def("pack_rows", &pack_rows, arg("out"), arg("x"), arg("indices"), arg("num_indices"),
         arg("num_src_rows"), arg("row_bytes"), arg("device"), arg("stream"));
-  m.def("cuda_unpack_rows", &unpack_rows, arg("out"), arg("x"), arg("indices"),
-        arg("num_indices"), arg("num_out_rows"), arg("row_bytes"), arg("device"), arg("stream"));
+  k.def("unpack_rows", &unpack_rows, arg("out"), arg("x"), arg("indices"), arg("num_indices"),
+        arg("num_out_rows"), arg("row_bytes"), arg("device"), arg("stream"));
 }
 
 }  // namespace bertfast
