@@ -110,12 +110,14 @@ _BERTLIKE = _EMB + [
     (r"^cls\.predictions\.transform\.dense" + _LIN, "mlm.dense.{p}"),
     (r"^cls\.predictions\.transform\.LayerNorm" + _LIN, "mlm.ln.{p}"),
     (r"^cls\.predictions\.decoder\.weight$", "mlm.decoder.weight"),
-    (r"^cls\.predictions\.(decoder\.)?bias$", "mlm.decoder.bias"),
+    (r"^cls\.predictions\.decoder\.bias$", "mlm.decoder.bias"),
+    (r"^cls\.predictions\.bias$", "mlm.bias"),
     (r"^cls\.seq_relationship" + _LIN, "nsp.{p}"),
     (r"^lm_head\.dense" + _LIN, "mlm.dense.{p}"),
     (r"^lm_head\.layer_norm" + _LIN, "mlm.ln.{p}"),
     (r"^lm_head\.decoder\.weight$", "mlm.decoder.weight"),
-    (r"^lm_head\.(decoder\.)?bias$", "mlm.decoder.bias"),
+    (r"^lm_head\.decoder\.bias$", "mlm.decoder.bias"),
+    (r"^lm_head\.bias$", "mlm.bias"),
     (r"^generator_predictions\.dense" + _LIN, "mlm.dense.{p}"),
     (r"^generator_predictions\.LayerNorm" + _LIN, "mlm.ln.{p}"),
     (r"^generator_lm_head" + _LIN, "mlm.decoder.{p}"),
@@ -141,7 +143,8 @@ _ALBERT = _EMB + [
     (r"^predictions\.dense" + _LIN, "mlm.dense.{p}"),
     (r"^predictions\.LayerNorm" + _LIN, "mlm.ln.{p}"),
     (r"^predictions\.decoder\.weight$", "mlm.decoder.weight"),
-    (r"^predictions\.(decoder\.)?bias$", "mlm.decoder.bias"),
+    (r"^predictions\.decoder\.bias$", "mlm.decoder.bias"),
+    (r"^predictions\.bias$", "mlm.bias"),
     (r"^sop_classifier\.classifier" + _LIN, "sop.{p}"),
     (r"^classifier" + _LIN, "classifier.out.{p}"),
     (r"^qa_outputs" + _LIN, "qa.{p}"),
@@ -162,6 +165,10 @@ _DISTILBERT = _EMB + [
     (r"^classifier" + _LIN, "classifier.out.{p}"),
     (r"^qa_outputs" + _LIN, "qa.{p}"),
 ]
+
+# Fallback names: BERT/RoBERTa/ALBERT keep the MLM output bias as ``*.predictions.bias``
+# (tied to ``decoder.bias``); an untied checkpoint has both and the decoder's wins.
+_FALLBACK = {"mlm.bias": "mlm.decoder.bias"}
 
 _QKV = {"query": 0, "key": 1, "value": 2, "q_lin": 0, "k_lin": 1, "v_lin": 2}
 
@@ -264,6 +271,9 @@ def convert(
     wanted = dict(required)
     wanted.update(optional)
 
+    for alias, target in _FALLBACK.items():
+        if target in wanted:
+            wanted[alias] = wanted[target]
     out: Dict[str, torch.Tensor] = {}
     pending: Dict[str, List[Optional[torch.Tensor]]] = {}
     H = cfg.hidden_size
@@ -302,6 +312,11 @@ def convert(
             if all(p is not None for p in parts):
                 out[name] = torch.cat(parts, 0)
                 del pending[name]  # frees the three parts
+
+    for alias, target in _FALLBACK.items():
+        t = out.pop(alias, None)
+        if t is not None and target not in out:
+            out[target] = t
 
     # Tied MLM decoder: the file omits decoder.weight -> share the word embeddings.
     if "mlm.decoder.weight" in required and "mlm.decoder.weight" not in out:

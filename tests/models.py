@@ -150,7 +150,14 @@ def save(model, folder: str, fmt: str = "safetensors") -> str:
     elif fmt == "sharded":
         model.save_pretrained(folder, max_shard_size="50KB")
     elif fmt == "bin":
-        model.save_pretrained(folder, safe_serialization=False)
+        # transformers 5 always writes safetensors (safe_serialization=False is ignored):
+        # turn its file into the classic pytorch_model.bin with the same keys.
+        from safetensors.torch import load_file
+
+        model.save_pretrained(folder)
+        st = os.path.join(folder, "model.safetensors")
+        torch.save(load_file(st), os.path.join(folder, "pytorch_model.bin"))
+        os.remove(st)
     else:
         raise ValueError(fmt)
     return folder
