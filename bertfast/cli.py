@@ -106,7 +106,7 @@ def _load_embedder(path: Path, args, dtype=None):
             backend=args.backend, max_length=getattr(args, "max_length", None))
     except (CheckpointError, BackendError) as exc:
         raise UserError(str(exc)) from None
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"cannot load checkpoint {path}: {exc}") from None
 
 
@@ -212,7 +212,7 @@ def cmd_encode(args) -> int:
     except OSError as exc:
         raise UserError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
     rate = len(texts) / max(done - loaded, 1e-9)
-    print(f"encoded {len(texts)} texts with {path.name} -> {output} "
+    print(f"encoded {len(texts)} texts with {path} -> {output} "
           f"(shape {tuple(vectors.shape)}, float32, normalized={embedder.normalize if args.normalize is None else args.normalize}); "
           f"load {loaded - start:.2f} s, encode {done - loaded:.2f} s ({rate:.1f} texts/s)")
     return 0
@@ -291,8 +291,9 @@ def cmd_check(args) -> int:
                 if not torch.equal(mine[key], theirs[key].long()):
                     tok_equal = False
             batch = {k: v.to(device) for k, v in mine.items()}
+            types = batch["token_type_ids"] if getattr(model.config, "type_vocab_size", 1) else None
             out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                        token_type_ids=batch["token_type_ids"])
+                        token_type_ids=types)
             expect = ref(**{k: v for k, v in batch.items() if k in ref_tok.model_input_names})
             real = batch["attention_mask"].bool()
             hidden_diff = max(hidden_diff, _max_abs(out.last_hidden_state[real].float(),

@@ -242,7 +242,8 @@ class Embedder:
 
         from .model import from_pretrained
 
-        model = from_pretrained(path, device=device, dtype=dtype, backend=backend)
+        # The bare encoder: sentence vectors need no task head.
+        model = from_pretrained(path, device=device, dtype=dtype, backend=backend, head="base")
         model.eval()
         return cls(model, tokenizer, pooling=sentence.pooling, normalize=sentence.normalize,
                    max_length=max_length)
@@ -259,9 +260,11 @@ class Embedder:
         """Pooled fp32 vectors ``[B, dim]`` for one tokenised batch (no normalisation)."""
         device = self.device
         batch = {k: v.to(device) for k, v in batch.items()}
+        # Families without token-type embeddings (DistilBERT) take none.
+        types = batch["token_type_ids"] if getattr(self.model.config, "type_vocab_size", 1) else None
         with torch.inference_mode():
             out = self.model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                             token_type_ids=batch["token_type_ids"])
+                             token_type_ids=types)
             return pool(out.last_hidden_state, batch["attention_mask"], self.pooling)
 
     def encode(self, texts: Union[str, Sequence[str]], batch_size: int = 32,

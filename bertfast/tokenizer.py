@@ -96,8 +96,8 @@ def _wordpiece_from_vocab(path: Path):
     with open(path / "vocab.txt", encoding="utf-8") as f:
         for index, line in enumerate(f):
             token = line.rstrip("\n")
-            # transformers keeps the first index of a duplicated line; so do we.
-            vocab.setdefault(token, index)
+            # A duplicated line keeps its last index, as in transformers' load_vocab.
+            vocab[token] = index
     cfg = _read_json(path / "tokenizer_config.json")
     specials_map = _read_json(path / "special_tokens_map.json")
     specials = {}
