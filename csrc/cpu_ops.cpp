@@ -6,8 +6,9 @@
 // Null pointers (0) mean "absent" for optional tensors.
 #include <cstdint>
 
+#include "registry.h"  // pybind11 first: common.h turns off trapping math after it
+
 #include "cpu/common.h"
-#include "registry.h"
 
 namespace py = pybind11;
 

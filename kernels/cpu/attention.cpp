@@ -9,14 +9,14 @@
 //
 // Work split: one task = (sequence, head, block of BLOCK_M query rows); OpenMP
 // dynamic schedule over tasks. A task first copies its head's real keys into fp32
-// scratch, K transposed ([d][keys], keys padded to BLOCK_N) and V ([keys][dpad],
-// head_dim padded to a multiple of 8) - O(S * d) memory, whatever the storage
+// scratch, K transposed ([key blocks][d][BLOCK_N], keys padded to BLOCK_N) and V ([keys][dpad],
+// head_dim padded to a multiple of 16) - O(S * d) memory, whatever the storage
 // dtype. Masked keys are simply left out, so no score is ever masked except the
 // tail of the last key block. Then ROWS query rows at a time go through the key
 // blocks with an online softmax (fp32 running max and sum):
-//   scores  s[ROWS][BLOCK_N] = q . Kt    (inner loop over 16 keys: vectorises)
+//   scores  s[ROWS][BLOCK_N] = q . Kt
 //   p = exp(s - m_new), l = l * alpha + sum p, o = o * alpha + p V
-//                                          (inner loop over 8 head dims: vectorises)
+//   (micro-kernels over 16 keys / 16 head dims x ROWS rows, accumulators in registers)
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -30,8 +30,15 @@ namespace {
 constexpr int64_t BLOCK_M = 64;  // query rows per task
 constexpr int64_t BLOCK_N = 64;  // keys per online-softmax step
 constexpr int ROWS = 4;          // query rows per micro-tile
-constexpr int KEYS_TILE = 16;    // keys per score accumulator tile
-constexpr int DIMS_TILE = 8;     // head dims per P.V accumulator tile
+constexpr int KEYS_TILE = 16;    // keys per score accumulator tile (2 x 8 lanes)
+constexpr int DIMS_TILE = 16;    // head dims per P.V accumulator tile (2 x 8 lanes)
+
+// The two micro-kernels use GCC/Clang vector extensions (8 x fp32, one AVX2
+// register; no intrinsics): with ROWS x 16 accumulators held in registers the
+// compiler's own loop vectoriser would not keep them out of memory.
+typedef float v8f __attribute__((vector_size(32), aligned(4)));  // aligned(4): unaligned loads ok
+
+BF_INLINE v8f splat(float x) { return v8f{x, x, x, x, x, x, x, x}; }
 
 struct Sequence {
   int64_t token0;       // first token (row of qkv / out)
@@ -43,39 +50,53 @@ struct Task {
   int64_t seq, head, q0;
 };
 
-// s[r][j] = sum_dd q[r][dd] * kt[dd][j] for j < BLOCK_N.
+// s[r][j] = sum_dd q[r][dd] * kt[dd][j] for r < ROWS, j < BLOCK_N.
 BF_INLINE void score_tile(const float* BF_RESTRICT q, const float* BF_RESTRICT kt, int64_t ldk,
                           int64_t d, int64_t dpad, float* BF_RESTRICT s) {
   for (int jc = 0; jc < BLOCK_N; jc += KEYS_TILE) {
-    float acc[ROWS][KEYS_TILE] = {};
-    for (int64_t dd = 0; dd < d; ++dd) {
-      const float* BF_RESTRICT k = kt + dd * ldk + jc;
+    v8f acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = splat(0.0f);
+    const float* BF_RESTRICT k = kt + jc;
+    for (int64_t dd = 0; dd < d; ++dd, k += ldk) {
+      const v8f k0 = *reinterpret_cast<const v8f*>(k);
+      const v8f k1 = *reinterpret_cast<const v8f*>(k + 8);
       for (int r = 0; r < ROWS; ++r) {
-        const float qv = q[r * dpad + dd];
-        for (int j = 0; j < KEYS_TILE; ++j) acc[r][j] += qv * k[j];
+        const v8f qv = splat(q[r * dpad + dd]);
+        acc[r][0] += qv * k0;
+        acc[r][1] += qv * k1;
       }
     }
-    for (int r = 0; r < ROWS; ++r)
-      for (int j = 0; j < KEYS_TILE; ++j) s[r * BLOCK_N + jc + j] = acc[r][j];
+    for (int r = 0; r < ROWS; ++r) {
+      *reinterpret_cast<v8f*>(s + r * BLOCK_N + jc) = acc[r][0];
+      *reinterpret_cast<v8f*>(s + r * BLOCK_N + jc + 8) = acc[r][1];
+    }
   }
 }
 
-// o[r][dd] += sum_j p[r][j] * v[j][dd] for j < BLOCK_N.
+// o[r][dd] = o[r][dd] * alpha[r] + sum_j p[r][j] * v[j][dd] for j < BLOCK_N.
 BF_INLINE void pv_tile(const float* BF_RESTRICT p, const float* BF_RESTRICT v, int64_t dpad,
-                       float* BF_RESTRICT o) {
+                       const float* BF_RESTRICT alpha, float* BF_RESTRICT o) {
   for (int64_t dc = 0; dc < dpad; dc += DIMS_TILE) {
-    float acc[ROWS][DIMS_TILE];
-    for (int r = 0; r < ROWS; ++r)
-      for (int e = 0; e < DIMS_TILE; ++e) acc[r][e] = o[r * dpad + dc + e];
-    for (int64_t j = 0; j < BLOCK_N; ++j) {
-      const float* BF_RESTRICT vr = v + j * dpad + dc;
+    v8f acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) {
+      const v8f a = splat(alpha[r]);
+      acc[r][0] = *reinterpret_cast<const v8f*>(o + r * dpad + dc) * a;
+      acc[r][1] = *reinterpret_cast<const v8f*>(o + r * dpad + dc + 8) * a;
+    }
+    const float* BF_RESTRICT vr = v + dc;
+    for (int64_t j = 0; j < BLOCK_N; ++j, vr += dpad) {
+      const v8f v0 = *reinterpret_cast<const v8f*>(vr);
+      const v8f v1 = *reinterpret_cast<const v8f*>(vr + 8);
       for (int r = 0; r < ROWS; ++r) {
-        const float pj = p[r * BLOCK_N + j];
-        for (int e = 0; e < DIMS_TILE; ++e) acc[r][e] += pj * vr[e];
+        const v8f pj = splat(p[r * BLOCK_N + j]);
+        acc[r][0] += pj * v0;
+        acc[r][1] += pj * v1;
       }
     }
-    for (int r = 0; r < ROWS; ++r)
-      for (int e = 0; e < DIMS_TILE; ++e) o[r * dpad + dc + e] = acc[r][e];
+    for (int r = 0; r < ROWS; ++r) {
+      *reinterpret_cast<v8f*>(o + r * dpad + dc) = acc[r][0];
+      *reinterpret_cast<v8f*>(o + r * dpad + dc + 8) = acc[r][1];
+    }
   }
 }
 
@@ -105,7 +126,7 @@ void attention_impl(T* out, const T* qkv, const std::vector<Sequence>& seqs, int
     std::vector<int64_t> keys, qrows;
     std::vector<float> kt, vbuf;
     std::vector<float> qbuf(ROWS * dpad), obuf(ROWS * dpad), sbuf(ROWS * BLOCK_N);
-    float m[ROWS], l[ROWS];
+    float m[ROWS], l[ROWS], alphas[ROWS];
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
@@ -141,13 +162,17 @@ void attention_impl(T* out, const T* qkv, const std::vector<Sequence>& seqs, int
       for (int64_t jj = 0; jj < nk; ++jj) {
         const T* krow = base + keys[jj] * ld + hidden + h * d;
         const T* vrow = base + keys[jj] * ld + 2 * hidden + h * d;
-        for (int64_t dd = 0; dd < d; ++dd) ktp[dd * nkp + jj] = to_f32(krow[dd]);
+        // K^T stored per key block, [nkp / BLOCK_N][d][BLOCK_N]: each block is contiguous
+        // (a [d][nkp] layout strides by nkp floats, a power of two that thrashes L1 sets).
+        float* BF_RESTRICT kcol = ktp + (jj / BLOCK_N) * d * BLOCK_N + (jj % BLOCK_N);
+        for (int64_t dd = 0; dd < d; ++dd) kcol[dd * BLOCK_N] = to_f32(krow[dd]);
         float* BF_RESTRICT vr = vp + jj * dpad;
         for (int64_t dd = 0; dd < d; ++dd) vr[dd] = to_f32(vrow[dd]);
         for (int64_t dd = d; dd < dpad; ++dd) vr[dd] = 0.0f;
       }
       for (int64_t dd = 0; dd < d; ++dd)
-        for (int64_t jj = nk; jj < nkp; ++jj) ktp[dd * nkp + jj] = 0.0f;
+        for (int64_t jj = nk; jj < nkp; ++jj)
+          ktp[(jj / BLOCK_N) * d * BLOCK_N + dd * BLOCK_N + (jj % BLOCK_N)] = 0.0f;
       for (int64_t jj = nk; jj < nkp; ++jj)
         for (int64_t dd = 0; dd < dpad; ++dd) vp[jj * dpad + dd] = 0.0f;
 
@@ -168,15 +193,15 @@ void attention_impl(T* out, const T* qkv, const std::vector<Sequence>& seqs, int
           l[r] = 0.0f;
         }
         for (int64_t kb = 0; kb < nkp; kb += BLOCK_N) {
-          score_tile(qp, ktp + kb, nkp, d, dpad, sp);
+          score_tile(qp, ktp + kb * d, BLOCK_N, d, dpad, sp);
           const int64_t valid = std::min<int64_t>(BLOCK_N, nk - kb);
           for (int r = 0; r < ROWS; ++r) {
             float* BF_RESTRICT sr = sp + r * BLOCK_N;
             for (int64_t j = valid; j < BLOCK_N; ++j) sr[j] = -std::numeric_limits<float>::infinity();
             float mx = -std::numeric_limits<float>::infinity();
             BF_SIMD_REDUCE_MAX(mx)
-            for (int64_t j = 0; j < BLOCK_N; ++j) mx = std::max(mx, sr[j]);
-            const float m_new = std::max(m[r], mx);
+            for (int64_t j = 0; j < BLOCK_N; ++j) mx = fmax_(mx, sr[j]);
+            const float m_new = fmax_(m[r], mx);
             const float alpha = fast_exp(m[r] - m_new);  // exp(-inf) == 0 on the first block
             float sum = 0.0f;
             BF_SIMD_REDUCE_ADD(sum)
@@ -187,10 +212,9 @@ void attention_impl(T* out, const T* qkv, const std::vector<Sequence>& seqs, int
             }
             l[r] = l[r] * alpha + sum;
             m[r] = m_new;
-            float* BF_RESTRICT orow = op + r * dpad;
-            for (int64_t dd = 0; dd < dpad; ++dd) orow[dd] *= alpha;
+            alphas[r] = alpha;
           }
-          pv_tile(sp, vp + kb * dpad, dpad, op);
+          pv_tile(sp, vp + kb * dpad, dpad, alphas, op);
         }
         for (int r = 0; r < nr; ++r) {
           const float inv = 1.0f / l[r];

@@ -6,6 +6,15 @@
 // not vectorise without -ffast-math). Reductions use `#pragma omp simd reduction`.
 #pragma once
 
+// GCC (its default -ftrapping-math) will not if-convert the float compares of the
+// clamps and selects below, which keeps exp / erf loops from vectorising ("control
+// flow in loop"). The kernels never rely on floating-point exceptions, so trapping
+// math is turned off for the kernel translation units that include this header.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -43,15 +52,34 @@ enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 struct bf16 {
   uint16_t bits;
 };
-using f16 = _Float16;
+// IEEE half stored as bits; converted with integer ops (GCC 12 does not vectorise
+// _Float16 conversions without AVX512-FP16).
+struct f16 {
+  uint16_t bits;
+};
 
-BF_INLINE float to_f32(float v) { return v; }
-BF_INLINE float to_f32(f16 v) { return static_cast<float>(v); }
-BF_INLINE float to_f32(bf16 v) {
-  uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+BF_INLINE float bits_to_f32(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof(f));
   return f;
+}
+BF_INLINE uint32_t f32_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+BF_INLINE float to_f32(float v) { return v; }
+BF_INLINE float to_f32(bf16 v) { return bits_to_f32(static_cast<uint32_t>(v.bits) << 16); }
+BF_INLINE float to_f32(f16 v) {
+  const uint32_t h = v.bits;
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7fffu;
+  // Exponent+mantissa moved into float position and rescaled by 2^(127-15):
+  // exact for normal and subnormal halves.
+  uint32_t r = f32_to_bits(bits_to_f32(em << 13) * 5.192296858534828e+33f);
+  r = em >= 0x7c00u ? ((em << 13) | 0x7f800000u) : r;  // inf / NaN
+  return bits_to_f32(r | sign);
 }
 
 template <typename T>
@@ -59,15 +87,29 @@ BF_INLINE T from_f32(float v);
 template <>
 BF_INLINE float from_f32<float>(float v) { return v; }
 template <>
-BF_INLINE f16 from_f32<f16>(float v) { return static_cast<f16>(v); }
+BF_INLINE f16 from_f32<f16>(float v) {
+  // Round to nearest even, overflow to inf, NaN stays NaN; branch-free.
+  const uint32_t x = f32_to_bits(v);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t a = x & 0x7fffffffu;
+  // normal range: rebias the exponent and round the 13 dropped mantissa bits
+  const uint32_t normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
+  // subnormal range (|v| < 2^-14): adding 0.5 lines the mantissa up (FPU rounds)
+  const uint32_t sub = f32_to_bits(bits_to_f32(a) + 0.5f) - 0x3f000000u;
+  const uint32_t big = a > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  uint32_t r = a < 0x38800000u ? sub : normal;
+  r = a >= 0x47800000u ? big : r;
+  f16 h;
+  h.bits = static_cast<uint16_t>(r | sign);
+  return h;
+}
 template <>
 BF_INLINE bf16 from_f32<bf16>(float v) {
   // Round to nearest even; NaN stays a (quiet) NaN.
-  uint32_t u;
-  std::memcpy(&u, &v, sizeof(u));
-  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  uint32_t nan = (u >> 16) | 0x40u;
-  bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t u = f32_to_bits(v);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u;
+  const bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
   bf16 r;
   r.bits = static_cast<uint16_t>(is_nan ? nan : rounded);
   return r;
@@ -106,11 +148,16 @@ inline int threads_for(int64_t work, int64_t grain, int requested) {
 }
 
 // ------------------------------------------------------------------ math
+// min / max defined here (after the optimize pragma) rather than std::min/max,
+// which may come from a header included before it and then not if-convert.
+BF_INLINE float fmin_(float a, float b) { return a < b ? a : b; }
+BF_INLINE float fmax_(float a, float b) { return a > b ? a : b; }
+
 // exp(x) for fp32, relative error ~1e-7, vectorisable. Returns exactly 0 below
 // -87.3 (so exp(-inf) == 0) and saturates near 2^127 above 88.3.
 BF_INLINE float fast_exp(float x) {
   const float lo = -87.3f, hi = 88.3f;
-  float xc = x < lo ? lo : (x > hi ? hi : x);
+  float xc = fmin_(fmax_(x, lo), hi);
   // n = round(x / ln2) via the 1.5 * 2^23 trick (exact for |n| < 2^22).
   float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   // r = x - n ln2 in two steps (Cody-Waite), |r| <= ln2 / 2.
