@@ -1,0 +1,52 @@
+"""What the native build contains.
+
+- The C++ (CPU) side of ``bertfast._C`` is always built.
+- When ``nvcc`` is on PATH and ``BERTFAST_SKIP_CUDA`` is not set, the CUDA kernels
+  must be in the build, for sm_80 and sm_90: CMake compiles kernels/cuda/*.cu then,
+  so a CUDA compile error fails the build and this test fails if CUDA was silently
+  left out. (A build made on purpose with BERTFAST_SKIP_CUDA=1 should be tested
+  with that variable set too.)
+"""
+import os
+import shutil
+
+import pytest
+
+import bertfast
+
+_FALSE = ("", "0", "off", "false", "no", "n")
+
+
+def _skip_cuda_requested() -> bool:
+    return os.environ.get("BERTFAST_SKIP_CUDA", "").strip().lower() not in _FALSE
+
+
+def test_cpp_side_always_present():
+    info = bertfast.build_info()
+    assert info["native"], info.get("error")
+    assert info["cxx_compiler"]
+    from bertfast import _C
+
+    assert hasattr(_C, "cpu"), "bertfast._C has no CPU kernels"
+
+
+def test_cuda_built_when_nvcc_present():
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH: the build has no CUDA kernels by design")
+    if _skip_cuda_requested():
+        pytest.skip("BERTFAST_SKIP_CUDA is set")
+    info = bertfast.build_info()
+    assert info["cuda"] is True, (
+        "nvcc is on PATH but bertfast._C was built without CUDA: rebuild, or set "
+        "BERTFAST_SKIP_CUDA=1 if that was intended")
+    assert info["cuda_version"]
+    requested = os.environ.get("BERTFAST_CUDA_ARCHS")
+    if requested is None or {"80", "90"} <= set(requested.replace(",", ";").split(";")):
+        assert "sm_80" in info["cuda_archs"], info["cuda_archs"]
+        assert "sm_90" in info["cuda_archs"], info["cuda_archs"]
+    from bertfast import _C
+
+    for name in ("embed_layernorm", "add_layernorm", "bias_act", "attention", "pack_rows",
+                 "unpack_rows", "device_count"):
+        assert hasattr(_C.cuda, name), f"bertfast._C.cuda.{name} missing"
+    assert isinstance(_C.cuda_device_count(), int)
