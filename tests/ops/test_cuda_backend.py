@@ -220,7 +220,11 @@ def test_attention_mask_with_holes(dtype):
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_large_logits(dtype):
-    qkv = 6 * torch.randn(2, 100, 3 * 128)
+    # Scores of std ~16 (max ~60): needs the running-max rescaling across key tiles.
+    # Not larger: the fp32 bound is an absolute 5e-5 against torch's own fp32 result,
+    # and dot products of magnitude ~1e3 already differ by ~1e-5 between summation
+    # orders (checked with a CPU emulation of this kernel's numerics).
+    qkv = 4 * torch.randn(2, 100, 3 * 2 * 64)
     assert_parity("attention", "cuda", (qkv, _mask([100, 41], 100), 2, 0.125), dtype)
 
 
