@@ -226,12 +226,15 @@ BF_INLINE float gelu_erf(float x) {
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)),
 // u = sqrt(2/pi) (x + 0.044715 x^3).
+// Far below zero (exp overflows) the result is 0 * x: -0 as in torch, NaN for -inf.
 BF_INLINE float gelu_tanh(float x) {
-  float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-  return x / (1.0f + fast_exp(-2.0f * u));
+  float t = -1.5957691216057308f * (x + 0.044715f * x * x * x);  // -2u
+  float y = x / (1.0f + fast_exp(t));
+  return t > 88.0f ? 0.0f * x : y;
 }
 
-BF_INLINE float relu(float x) { return x > 0.0f ? x : 0.0f; }
+// NaN propagates (as in torch), -0 stays -0.
+BF_INLINE float relu(float x) { return x < 0.0f ? 0.0f : x; }
 
 // Activation codes shared with bertfast/ops/cpu.py (_ACT_CODES).
 enum Activation : int { kGeluErf = 0, kGeluTanh = 1, kRelu = 2 };

@@ -4,8 +4,9 @@
 // Layout: row-major [rows, width] activations; weight / bias vectors [width].
 // Threads: OpenMP, static split over rows (one row = one unit of work).
 // Per row the summed input is materialised once in an fp32 scratch row (L1 for
-// BERT widths), then statistics are two-pass over that row: mean first, then the
-// mean of squared deviations, so a large common offset (1e4) costs no accuracy.
+// BERT widths), then statistics are two-pass over that row, shifted by its first
+// element: mean first, then the mean of squared deviations, so a large common
+// offset (1e4) costs no accuracy (torch's fp32 LayerNorm loses ~1e-2 there).
 // All three passes are unit-stride loops over the row that vectorise (AVX2/FMA).
 #include <limits>
 #include <vector>
@@ -21,19 +22,24 @@ template <typename T>
 BF_INLINE void normalize_row(const float* BF_RESTRICT row, const float* BF_RESTRICT w,
                              const float* BF_RESTRICT b, T* BF_RESTRICT out, int64_t n,
                              float eps) {
+  // Shifted two-pass statistics: the first element is subtracted before summing,
+  // so a large common offset (1e4) does not swamp the fp32 sum, then the variance is
+  // the mean of squared deviations from the (shifted) mean.
+  const float shift = row[0];
   float sum = 0.0f;
   BF_SIMD_REDUCE_ADD(sum)
-  for (int64_t j = 0; j < n; ++j) sum += row[j];
-  const float mean = sum / static_cast<float>(n);
+  for (int64_t j = 0; j < n; ++j) sum += row[j] - shift;
+  const float mean_c = sum / static_cast<float>(n);
   float sq = 0.0f;
   BF_SIMD_REDUCE_ADD(sq)
   for (int64_t j = 0; j < n; ++j) {
-    float d = row[j] - mean;
+    float d = (row[j] - shift) - mean_c;
     sq += d * d;
   }
   const float var = sq / static_cast<float>(n);
   const float rstd = 1.0f / std::sqrt(var + eps);
-  for (int64_t j = 0; j < n; ++j) out[j] = from_f32<T>((row[j] - mean) * rstd * w[j] + b[j]);
+  for (int64_t j = 0; j < n; ++j)
+    out[j] = from_f32<T>(((row[j] - shift) - mean_c) * rstd * w[j] + b[j]);
 }
 
 template <typename T>

@@ -1,0 +1,381 @@
+"""CPU-backend specific tests (the per-op parity tests live in tests/ops/test_<op>.py).
+
+What only the C++ kernels can get wrong: results that depend on the thread count,
+the in-place variant aliasing its input, odd widths (1023, 1500) and head dims
+(80, 17), a large common offset in LayerNorm inputs, sequence length 1, rows with
+no real key, the fp16 / bf16 conversions (bit-exact against torch's rounding),
+the vectorised erf / exp against float64, out-of-range ids, and opcheck.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bertfast.ops as ops
+from bertfast.ops import reference
+from bertfast.ops.dispatch import get_backend
+
+cpu_backend = get_backend("cpu")
+pytestmark = pytest.mark.skipif(
+    cpu_backend.unavailable("cpu") is not None if hasattr(cpu_backend, "unavailable") else True,
+    reason="bertfast._C CPU kernels are not built",
+)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _maxerr(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+class _threads:
+    def __init__(self, n):
+        self.n = n
+
+    def __enter__(self):
+        self.old = torch.get_num_threads()
+        torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.old)
+
+
+# ---------------------------------------------------------------- threading
+def _all_ops_once(g):
+    x = torch.randn(67, 1500, generator=g)
+    r = torch.randn(67, 1500, generator=g)
+    w, b, bias = (torch.randn(1500, generator=g) for _ in range(3))
+    qkv = torch.randn(3, 45, 3 * 4 * 80, generator=g)
+    mask = torch.ones(3, 45, dtype=torch.long)
+    mask[1, 30:] = 0
+    mask[2] = 0
+    cu = torch.tensor([0, 45, 46, 100], dtype=torch.int32)
+    vq = torch.randn(100, 3 * 2 * 64, generator=g)
+    ids = torch.randint(0, 50, (4, 33), generator=g)
+    pos = torch.arange(33).expand(4, 33)
+    words, posemb = torch.randn(50, 1500, generator=g), torch.randn(40, 1500, generator=g)
+    return [
+        ops.add_layernorm(x, r, bias, w, b, backend="cpu"),
+        ops.bias_gelu(x, bias, backend="cpu"),
+        ops.bias_gelu(x, bias, "gelu_tanh", backend="cpu"),
+        ops.attention(qkv, mask, 4, backend="cpu"),
+        ops.attention_varlen(vq, cu, 54, 2, backend="cpu"),
+        ops.embed_layernorm(ids, pos, None, words, posemb, None, w, b, backend="cpu"),
+    ]
+
+
+def test_results_independent_of_thread_count():
+    with _threads(1):
+        one = _all_ops_once(_gen(1))
+    with _threads(max(2, torch.get_num_threads())):
+        many = _all_ops_once(_gen(1))
+    with _threads(7):  # more threads than rows / tasks in places
+        seven = _all_ops_once(_gen(1))
+    for a, b, c in zip(one, many, seven):
+        assert torch.equal(a, b)
+        assert torch.equal(a, c)
+
+
+# ---------------------------------------------------------------- bias + activation
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "relu"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bias_gelu_inplace_matches_out_of_place(act, dtype):
+    g = _gen(2)
+    x = (torch.randn(33, 1023, generator=g) * 3).to(dtype)
+    b = torch.randn(1023, generator=g).to(dtype)
+    expected = ops.bias_gelu(x, b, act, backend="cpu")
+    y = x.clone()
+    out = ops.bias_gelu_(y, b, act, backend="cpu")
+    assert out is y
+    assert torch.equal(y, expected)
+    # a non-contiguous view is updated through its strides
+    z = x.clone().t().contiguous().t()
+    ops.bias_gelu_(z, b, act, backend="cpu")
+    assert torch.equal(z, expected)
+
+
+def test_gelu_erf_accuracy_against_float64():
+    # Dense sweep over the whole range where GELU is not trivially 0 or x.
+    x = torch.linspace(-12, 12, 400_001, dtype=torch.float32)
+    gold = F.gelu(x.double())
+    ours = ops.bias_gelu(x, None, "gelu", backend="cpu")
+    ref32 = F.gelu(x)
+    err, ref_err = _maxerr(ours, gold), _maxerr(ref32, gold)
+    assert err <= 2 * ref_err + 1e-7, (err, ref_err)
+    # Relative accuracy where the output is tiny (x << 0): erfc is evaluated
+    # directly there (torch's fp32 GELU computes 1 + erf and loses it all by x = -5).
+    for lo, hi, bound in ((-5.0, -1.0, 1e-5), (-7.0, -5.0, 1e-4)):
+        m = (x > lo) & (x < hi)
+        rel = (ours[m].double() - gold[m]).abs() / gold[m].abs()
+        assert rel.max().item() < bound, (lo, hi, rel.max().item())
+
+
+def test_gelu_tanh_accuracy_against_float64():
+    x = torch.linspace(-12, 12, 400_001, dtype=torch.float32)
+    gold = F.gelu(x.double(), approximate="tanh")
+    ours = ops.bias_gelu(x, None, "gelu_tanh", backend="cpu")
+    err, ref_err = _maxerr(ours, gold), _maxerr(F.gelu(x, approximate="tanh"), gold)
+    assert err <= 2 * ref_err + 1e-7, (err, ref_err)
+
+
+def test_activation_special_values():
+    x = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e30, -1e30, 3e-39])
+    for act in ("gelu", "gelu_tanh", "relu"):
+        ours = ops.bias_gelu(x, None, act, backend="cpu")
+        ref = reference.bias_gelu(x, None, act)
+        if act == "gelu":  # torch's erf GELU gives NaN at +inf; the limit (inf) is kept
+            assert ours[2] == float("inf")
+            ours, ref = ours[3:], ref[3:]
+        torch.testing.assert_close(ours, ref, equal_nan=True, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_conversions_bit_exact(dtype):
+    # relu(x + b) with fp32 math: the only rounding is the final fp32 -> dtype, which
+    # must match torch bit for bit (round to nearest even, subnormals, overflow, NaN).
+    bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    every = bits.view(dtype)  # every 16-bit pattern
+    shift = torch.tensor([0.0, 1.0, -0.5, 3.0e-5, 65504.0, 2.0 ** -24], dtype=torch.float32)
+    for s in shift.to(dtype):
+        b = s.expand(every.shape[0]).contiguous()
+        x = every.view(1, -1)
+        ours = ops.bias_gelu(x, b, "relu", backend="cpu")
+        ref = reference.bias_gelu(x, b, "relu")
+        same = (ours.view(torch.int16) == ref.view(torch.int16)) | (ours.isnan() & ref.isnan())
+        assert bool(same.all()), (s, x[0][~same[0]][:5], ours[0][~same[0]][:5], ref[0][~same[0]][:5])
+
+
+# ---------------------------------------------------------------- LayerNorm
+@pytest.mark.parametrize("hidden", [1, 7, 384, 1023, 1500])
+@pytest.mark.parametrize("offset", [0.0, 1e4])
+def test_add_layernorm_widths_and_large_offset(hidden, offset):
+    g = _gen(3)
+    x = torch.randn(37, hidden, generator=g) + offset
+    r = torch.randn(37, hidden, generator=g)
+    bias, w, b = (torch.randn(hidden, generator=g) for _ in range(3))
+    gold = reference.add_layernorm(x.double(), r.double(), bias.double(), w.double(),
+                                   b.double(), 1e-12)
+    ours = ops.add_layernorm(x, r, bias, w, b, 1e-12, backend="cpu")
+    ref = reference.add_layernorm(x, r, bias, w, b, 1e-12)
+    assert _maxerr(ours, gold) <= 2 * _maxerr(ref, gold) + 1e-5
+
+
+def test_layernorm_variance_is_stable_under_offset():
+    # Rows = offset + small signal: a one-pass E[x^2] - E[x]^2 in fp32 would lose
+    # the signal entirely at 1e4 (variance 1e-2 next to 1e8).
+    g = _gen(4)
+    sig = torch.randn(16, 1024, generator=g, dtype=torch.float64) * 0.1
+    x = (sig + 1e4).float()
+    zeros = torch.zeros(16, 1024)
+    w, b = torch.ones(1024), torch.zeros(1024)
+    gold = F.layer_norm(x.double(), (1024,), eps=1e-12)
+    ours = ops.add_layernorm(x, zeros, None, w, b, 1e-12, backend="cpu")
+    assert _maxerr(ours, gold) < 1e-3
+
+
+def test_embed_layernorm_out_of_range_ids_give_nan_rows():
+    # checks.py rejects these before the kernel; the kernel itself must still be safe.
+    from bertfast import _C
+
+    words, pos = torch.randn(10, 16), torch.randn(8, 16)
+    w, b = torch.ones(16), torch.zeros(16)
+    ids = torch.tensor([1, 10, -1, 3])
+    pids = torch.tensor([0, 1, 2, 8])
+    out = torch.empty(4, 16)
+    _C.cpu.embed_layernorm(0, out.data_ptr(), ids.data_ptr(), pids.data_ptr(), 0,
+                           words.data_ptr(), 10, pos.data_ptr(), 8, 0, 0, w.data_ptr(),
+                           b.data_ptr(), 4, 16, 1e-12, 1)
+    assert not out[0].isnan().any()
+    assert out[1:].isnan().all()
+    with pytest.raises(IndexError):
+        ops.embed_layernorm(ids, pids, None, words, pos, None, w, b, backend="cpu")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_embed_layernorm_types_and_packed_ids(dtype):
+    g = _gen(5)
+    words, pos, types = (torch.randn(n, 96, generator=g) for n in (100, 64, 2))
+    w, b = torch.randn(96, generator=g), torch.randn(96, generator=g)
+    ids = torch.randint(0, 100, (29,), generator=g).to(torch.int32)  # packed, int32 ids
+    pids = torch.arange(29)
+    tids = torch.randint(0, 2, (29,), generator=g)
+    args = (ids, pids, tids)
+    params = [t.to(dtype) for t in (words, pos, types, w, b)]
+    gold = reference.embed_layernorm(*args, *(t.double() for t in (words, pos, types)),
+                                     w.double(), b.double(), 1e-12)
+    ours = ops.embed_layernorm(*args, *params[:3], *params[3:], backend="cpu")
+    ref = reference.embed_layernorm(*args, *params[:3], *params[3:], 1e-12)
+    tol = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
+    assert _maxerr(ours, gold) <= 2 * _maxerr(ref, gold) + tol
+
+
+# ---------------------------------------------------------------- attention
+def _gold_attention(qkv, mask, heads):
+    d = qkv.shape[-1] // 3 // heads
+    return reference.attention(qkv.double(), mask, heads, d ** -0.5)
+
+
+@pytest.mark.parametrize("heads,head_dim", [(12, 32), (4, 80), (2, 17), (1, 128), (3, 96)])
+@pytest.mark.parametrize("seqlen", [1, 63, 64, 65, 200])
+def test_attention_shapes(heads, head_dim, seqlen):
+    g = _gen(6)
+    qkv = torch.randn(2, seqlen, 3 * heads * head_dim, generator=g)
+    mask = torch.ones(2, seqlen, dtype=torch.long)
+    mask[1, (seqlen + 1) // 2:] = 0
+    ours = ops.attention(qkv, mask, heads, backend="cpu")
+    gold = _gold_attention(qkv, mask, heads)
+    assert _maxerr(ours, gold) < 5e-5
+    assert (ours[1, (seqlen + 1) // 2:] == 0).all()
+
+
+def test_attention_all_masked_row_and_holes():
+    g = _gen(7)
+    qkv = torch.randn(3, 40, 3 * 64, generator=g)
+    mask = torch.ones(3, 40, dtype=torch.bool)
+    mask[0] = False                 # no real token at all: zeros
+    mask[1, ::3] = False            # holes (left padding and gaps are allowed)
+    mask[2, :10] = False
+    ours = ops.attention(qkv, mask, 2, backend="cpu")
+    gold = _gold_attention(qkv, mask, 2)
+    assert (ours[0] == 0).all()
+    assert not ours.isnan().any()
+    assert _maxerr(ours, gold) < 5e-5
+    # float masks (1.0 / 0.0) are read as nonzero = real token
+    assert torch.equal(ops.attention(qkv, mask.float(), 2, backend="cpu"), ours)
+
+
+def test_attention_batch_invariance():
+    # a sequence alone equals the same sequence inside a padded batch
+    g = _gen(8)
+    qkv = torch.randn(4, 50, 3 * 96, generator=g)
+    mask = torch.ones(4, 50, dtype=torch.long)
+    mask[2, 31:] = 0
+    full = ops.attention(qkv, mask, 3, backend="cpu")
+    alone = ops.attention(qkv[2:3, :31], None, 3, backend="cpu")
+    assert torch.equal(full[2, :31], alone[0])
+
+
+def test_attention_varlen_matches_padded():
+    g = _gen(9)
+    lens = [5, 0, 130, 1, 64]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    qkv = torch.randn(sum(lens), 3 * 160, generator=g)
+    ours = ops.attention_varlen(qkv, cu, max(lens), 2, backend="cpu")
+    gold = reference.attention_varlen(qkv.double(), cu, max(lens), 2, 80 ** -0.5)
+    assert _maxerr(ours, gold) < 5e-5
+
+
+def test_attention_varlen_bad_cu_seqlens_raises():
+    from bertfast import _C
+
+    qkv = torch.randn(10, 3 * 32)
+    out = torch.empty(10, 32)
+    cu = torch.tensor([0, 6, 4, 10], dtype=torch.int32)
+    with pytest.raises(IndexError):
+        _C.cpu.attention_varlen(0, out.data_ptr(), qkv.data_ptr(), cu.data_ptr(), 3, 10, 1, 32,
+                                0.1, 1)
+    cu = torch.tensor([0, 6, 12], dtype=torch.int32)
+    with pytest.raises(IndexError):
+        _C.cpu.attention_varlen(0, out.data_ptr(), qkv.data_ptr(), cu.data_ptr(), 2, 10, 1, 32,
+                                0.1, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_attention_half_storage(dtype):
+    g = _gen(10)
+    qkv = torch.randn(2, 70, 3 * 4 * 80, generator=g)
+    mask = torch.ones(2, 70, dtype=torch.long)
+    mask[0, 50:] = 0
+    gold = _gold_attention(qkv.to(dtype), mask, 4)
+    ours = ops.attention(qkv.to(dtype), mask, 4, backend="cpu")
+    ref = reference.attention(qkv.to(dtype), mask, 4, 80 ** -0.5)
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    assert _maxerr(ours, gold) <= 2 * _maxerr(ref, gold) + tol
+
+
+# ---------------------------------------------------------------- pack / unpack
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pack_unpack_roundtrip(dtype):
+    g = _gen(11)
+    x = torch.randn(6, 9, 5, generator=g).to(dtype)
+    idx = torch.tensor([5, 0, 3, 2])
+    packed = ops.pack_tokens(x, idx, backend="cpu")
+    assert torch.equal(packed, x[idx])
+    back = ops.unpack_tokens(packed, idx, 7, backend="cpu")
+    assert torch.equal(back, reference.unpack_tokens(packed, idx, 7))
+
+
+def test_pack_out_of_range_raises_in_kernel():
+    from bertfast import _C
+
+    x = torch.randn(4, 3)
+    out = torch.empty(2, 3)
+    idx = torch.tensor([1, 4])
+    with pytest.raises(IndexError):
+        _C.cpu.pack_rows(out.data_ptr(), x.data_ptr(), idx.data_ptr(), 2, 4, 12, 1)
+    with pytest.raises(IndexError):
+        _C.cpu.unpack_rows(x.data_ptr(), out.data_ptr(), idx.data_ptr(), 2, 4, 12, 1)
+
+
+# ---------------------------------------------------------------- linear_gelu
+def test_linear_gelu_is_matmul_plus_epilogue():
+    g = _gen(12)
+    x = torch.randn(3, 17, 64, generator=g)
+    w = torch.randn(150, 64, generator=g)
+    b = torch.randn(150, generator=g)
+    ours = ops.linear_gelu(x, w, b, backend="cpu")
+    gold = reference.linear_gelu(x.double(), w.double(), b.double(), "gelu")
+    assert ours.shape == (3, 17, 150)
+    assert _maxerr(ours, gold) < 5e-5
+
+
+# ---------------------------------------------------------------- dtype fallback
+def test_float64_falls_back_with_a_reason():
+    x = torch.randn(4, 8, dtype=torch.float64)
+    reason = cpu_backend.why_not("bias_gelu", "cpu", torch.float64, (x, None, "gelu"))
+    assert reason and "float64" in reason
+    # auto picks torch for it
+    torch.testing.assert_close(ops.bias_gelu(x), F.gelu(x))
+
+
+# ---------------------------------------------------------------- opcheck
+def _opcheck_cases():
+    g = _gen(13)
+    x = torch.randn(5, 24, generator=g)
+    r = torch.randn(5, 24, generator=g)
+    v = torch.randn(24, generator=g)
+    qkv = torch.randn(2, 7, 3 * 24, generator=g)
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    cu = torch.tensor([0, 3, 10], dtype=torch.int32)
+    ids = torch.randint(0, 11, (2, 7), generator=g)
+    pids = torch.arange(7).expand(2, 7).contiguous()
+    tids = torch.zeros(2, 7, dtype=torch.long)
+    words, pos, types = torch.randn(11, 24), torch.randn(9, 24), torch.randn(2, 24)
+    idx = torch.tensor([0, 2, 4])
+    w = torch.randn(40, 24, generator=g)
+    b40 = torch.randn(40, generator=g)
+    op = torch.ops.bertfast
+    return [
+        (op.embed_layernorm, (ids, pids, tids, words, pos, types, v, v, 1e-12, "cpu")),
+        (op.add_layernorm, (x, r, v, v, v, 1e-12, "cpu")),
+        (op.bias_gelu, (x, v, "gelu", "cpu")),
+        (op.bias_gelu_, (x.clone(), v, "gelu_tanh", "cpu")),
+        (op.linear_gelu, (x, w, b40, "gelu", "cpu")),
+        (op.attention, (qkv, mask, 3, 8 ** -0.5, "cpu")),
+        (op.attention_varlen, (qkv.view(14, -1)[:10], cu, 7, 3, 8 ** -0.5, "cpu")),
+        (op.pack_tokens, (x, idx, "cpu")),
+        (op.unpack_tokens, (x[:3], idx, 6, "cpu")),
+    ]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_opcheck(case):
+    op, args = _opcheck_cases()[case]
+    torch.library.opcheck(op, args)
