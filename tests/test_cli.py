@@ -81,10 +81,11 @@ def test_check_passes_on_default_checkpoint(tmp_path):
         assert any(line.strip().startswith(name) and "PASS" in line for line in lines), name
 
 
-def test_check_fails_with_exit_1(monkeypatch, capsys):
+def test_check_fails_with_exit_1(monkeypatch, capsys, tmp_path):
     # Same machinery, in process, with an impossible tolerance: FAIL and status 1.
     monkeypatch.setattr(cli, "TOLERANCE_FP32", -1.0)
-    assert cli.main(["check", "--backend", "torch"]) == 1
+    (tmp_path / "two.txt").write_text("Hello there.\nGeneral Kenobi!\n", encoding="utf-8")
+    assert cli.main(["check", "--backend", "torch", "--input", str(tmp_path / "two.txt")]) == 1
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1].startswith("FAIL")
 
