@@ -133,6 +133,19 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("kernel_case", test_bench_kernels.cases(metafunc.config._bench))
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Record, per (model, workload), the providers whose cases were selected: they are
+    timed together, interleaved round by round (see ``Context.measure_workload``)."""
+    groups: Dict[tuple, list] = {}
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        if spec is None or "e2e_case" not in spec.params:
+            continue
+        model, w, provider = spec.params["e2e_case"]
+        groups.setdefault((model, w.id), []).append(provider)
+    config._bench.groups = groups
+
+
 class Context:
     """Session state: the machine's ceiling, loaded providers of the current model,
     reference outputs, and the medians measured so far (for ratios)."""
@@ -145,6 +158,7 @@ class Context:
         self.load_errors: Dict[str, str] = {}
         self.refs: Dict[tuple, torch.Tensor] = {}
         self.medians: Dict[tuple, Dict[str, float]] = {}
+        self.measured: Dict[tuple, dict] = {}
         self.device_name = device_name(settings.device)
 
     @property
@@ -164,6 +178,19 @@ class Context:
             if self.s.gpu:
                 torch.cuda.empty_cache()
             self.model = model
+
+    def load(self, provider, path: str):
+        """The provider's runner, or an exception whose message says why not."""
+        if provider.name in self.load_errors:
+            raise RuntimeError(self.load_errors[provider.name])
+        if provider.name not in self.runners:
+            try:
+                self.runners[provider.name] = provider.load(path, self.s.device, self.s.dtype)
+            except Exception as exc:
+                self.load_errors[provider.name] = (
+                    f"{provider.name} failed to load: {type(exc).__name__}: {exc}"[:500])
+                raise RuntimeError(self.load_errors[provider.name]) from None
+        return self.runners[provider.name]
 
     def runner(self, provider, path: str):
         if provider.name in self.load_errors:

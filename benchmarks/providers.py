@@ -15,6 +15,7 @@ Baselines (measured first on every workload, so bertfast rows can carry ratios):
                           optimizer (``model_type="bert"``: EmbedLayerNormalization,
                           Attention, SkipLayerNormalization, BiasGelu), run by an
                           InferenceSession with ``intra_op_num_threads`` = torch threads
+                          (worker spinning off, see ``load``)
 
 Then one ``bertfast-<backend>`` per backend that ``bertfast.backends()`` reports usable
 on the device (never the Triton interpreter on CPU).
@@ -163,6 +164,10 @@ class OnnxRuntimeProvider(Provider):
         so.intra_op_num_threads = torch.get_num_threads()
         so.inter_op_num_threads = 1
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # ORT's idle workers spin by default after each run; in interleaved timing they
+        # would steal the cores from whichever provider runs next. Off, like torch's
+        # OpenMP workers which sleep after a short spin.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         eps = ["CUDAExecutionProvider"] if gpu else ["CPUExecutionProvider"]
         session = ort.InferenceSession(meta["path"], so, providers=eps)
         in_names = {i.name for i in session.get_inputs()}

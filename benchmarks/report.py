@@ -306,6 +306,11 @@ def build(rows, machine) -> str:
         parts.append(f"- dtype {e2e[0].get('dtype')}" + (f", {thr} threads" if thr else "")
                      + (f"; GEMM ceiling (2048^3 fp32 torch.mm, this run): **{ceil:.0f} GFLOP/s**"
                         if ceil else ""))
+        loads = [r["load_avg_1min"] for r in e2e if r.get("load_avg_1min") is not None]
+        if loads:
+            parts.append(f"- 1-minute load average during the run: {min(loads):.1f}..{max(loads):.1f}"
+                         " (other jobs shared the machine; timings are interleaved across "
+                         "providers so ratios see the same load)")
         if probes:
             parts.append(f"- machine noise: a 512^3 GEMM probe before each case ranged "
                          f"{min(probes):.0f}..{max(probes):.0f} GFLOP/s")

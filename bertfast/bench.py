@@ -227,12 +227,24 @@ def _proc_status_kb(key: str) -> int:
     return 0
 
 
+def _malloc_trim() -> None:
+    """Give freed heap pages back to the OS (glibc), so the next call's working set
+    shows up as resident-set growth instead of reusing already-resident free memory."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def peak_memory(fn: Callable[[], object], device="cpu") -> Optional[int]:
     """Bytes of memory one call of ``fn`` needs beyond what was held before it.
 
     CUDA: ``torch.cuda.max_memory_allocated`` growth over the call. CPU (Linux): growth
     of the resident set's high-water mark (VmHWM, reset through
-    ``/proc/self/clear_refs``) over the resident set before the call. ``None`` where
+    ``/proc/self/clear_refs``) over the resident set before the call, after
+    ``malloc_trim`` has returned freed heap memory to the OS. ``None`` where
     neither is available.
     """
     if torch.device(device).type == "cuda":
@@ -245,6 +257,7 @@ def peak_memory(fn: Callable[[], object], device="cpu") -> Optional[int]:
         return int(torch.cuda.max_memory_allocated() - before)
     try:
         gc.collect()
+        _malloc_trim()
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
         before = _proc_status_kb("VmRSS")
