@@ -40,8 +40,7 @@ from .outputs import EncoderOutput
 __all__ = ["BertfastModel", "from_pretrained"]
 
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-_TOKEN_HEADS = ("masked_lm", "token_classification", "question_answering",
-                "electra_discriminator", "pretraining")
+_INT_PACK_UNSUPPORTED: set = set()
 
 
 class _Holder(nn.Module):
@@ -100,7 +99,7 @@ class BertfastModel(nn.Module):
         self.backend = backend
         for name, tensor in weights.items():
             _attach(self, name, tensor)
-        self._names = set(weights)
+        self._graphs = None
         self.eval()
 
     # ------------------------------------------------------------------ helpers
@@ -221,50 +220,48 @@ class BertfastModel(nn.Module):
 
     # ------------------------------------------------------------------- pack
     def _pack(self, x: torch.Tensor, info) -> torch.Tensor:
+        """Gather the real tokens of an integer ``[B, S]`` tensor -> ``[T]`` int64."""
         x = x.reshape(-1)
         if x.dtype != torch.int64:
             x = x.long()
-        try:
-            return ops.pack_tokens(x, info.indices, backend=self.backend)
-        except ops.BackendError:
-            # Integer gathers: no backend registers int64 for pack_tokens yet; this is
-            # exactly the reference implementation (x[indices]).
-            return x.index_select(0, info.indices)
+        key = (self.backend, x.device.type)
+        if key not in _INT_PACK_UNSUPPORTED:
+            try:
+                return ops.pack_tokens(x, info.indices, backend=self.backend)
+            except ops.BackendError:
+                # No backend registers integer dtypes for pack_tokens (the torch
+                # backend lists float dtypes only); remember, and gather the way the
+                # reference does (x[indices]).
+                _INT_PACK_UNSUPPORTED.add(key)
+        return x.index_select(0, info.indices)
 
     def _unpack(self, x: torch.Tensor, info) -> torch.Tensor:
         out = ops.unpack_tokens(x, info.indices, info.batch * info.seqlen, backend=self.backend)
         return out.view(info.batch, info.seqlen, *x.shape[1:])
 
     # ---------------------------------------------------------------- encoder
-    def encode(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-               output_hidden_states: bool = False):
-        """Run the encoder; returns ``(packed last hidden [T,H], info, packed hidden
-        states list or None)``."""
+    def _embed(self, ids, pos, types):
         cfg = self.config
-        be = self.backend
-        mask, types, pos = self._prepare(input_ids, attention_mask, token_type_ids, position_ids)
-        info = ops.pack_info(mask)
-        ids_p = self._pack(input_ids, info)
-        pos_p = self._pack(pos, info)
-        types_p = self._pack(types, info) if types is not None else None
-
         emb = self.embeddings
-        h = ops.embed_layernorm(ids_p, pos_p, types_p, emb.word, emb.position,
-                                getattr(emb, "token_type", None) if types_p is not None else None,
-                                emb.ln.weight, emb.ln.bias, cfg.layer_norm_eps, backend=be)
+        h = ops.embed_layernorm(ids, pos, types, emb.word, emb.position,
+                                getattr(emb, "token_type", None) if types is not None else None,
+                                emb.ln.weight, emb.ln.bias, cfg.layer_norm_eps,
+                                backend=self.backend)
         if cfg.has_projection:
             h = F.linear(h, emb.project.weight, emb.project.bias)
-        states = [h] if output_hidden_states else None
+        return h
 
+    def _layers(self, h, attend, states=None):
+        """Every layer application; ``attend(qkv) -> ctx`` is the attention flavour
+        (packed varlen, or padded with a key mask)."""
+        cfg = self.config
+        be = self.backend
         eps = cfg.layer_norm_eps
-        nh = cfg.num_heads
-        scale = cfg.head_dim ** -0.5
         layers = self.layers._modules
         for idx in cfg.layer_schedule():
             L = layers[str(idx)]
             qkv = F.linear(h, L.qkv.weight, L.qkv.bias)
-            ctx = ops.attention_varlen(qkv, info.cu_seqlens, info.max_seqlen, nh, scale,
-                                       backend=be)
+            ctx = attend(qkv)
             a = F.linear(ctx, L.attn_out.weight)
             h = ops.add_layernorm(a, h, L.attn_out.bias, L.attn_ln.weight, L.attn_ln.bias, eps,
                                   backend=be)
@@ -274,7 +271,62 @@ class BertfastModel(nn.Module):
                                   backend=be)
             if states is not None:
                 states.append(h)
+        return h
+
+    def encode(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+               output_hidden_states: bool = False):
+        """Run the encoder padding-free; returns ``(packed last hidden [T,H], PackInfo,
+        list of packed hidden states or None)``."""
+        cfg = self.config
+        mask, types, pos = self._prepare(input_ids, attention_mask, token_type_ids, position_ids)
+        graphs = self._graphs
+        if graphs is not None and not output_hidden_states:
+            padded = graphs.run(input_ids, mask, types, pos)
+            if padded is not None:
+                info = ops.pack_info(mask)
+                h = ops.pack_tokens(padded.reshape(-1, padded.shape[-1]), info.indices,
+                                    backend=self.backend)
+                return h, info, None
+        info = ops.pack_info(mask)
+        ids_p = self._pack(input_ids, info)
+        pos_p = self._pack(pos, info)
+        types_p = self._pack(types, info) if types is not None else None
+        h = self._embed(ids_p, pos_p, types_p)
+        states = [h] if output_hidden_states else None
+        nh, scale = cfg.num_heads, cfg.head_dim ** -0.5
+        cu, max_len, be = info.cu_seqlens, info.max_seqlen, self.backend
+        h = self._layers(h, lambda qkv: ops.attention_varlen(qkv, cu, max_len, nh, scale,
+                                                             backend=be), states)
         return h, info, states
+
+    def encode_static(self, input_ids, attention_mask, token_type_ids, position_ids):
+        """The encoder on the *padded* layout with static shapes and no host sync (for
+        CUDA-graph capture, see ``graphs.py``): ``[B, S]`` ids, mask (nonzero = real),
+        token types (or None when the family has none) and positions, already
+        validated; returns the last hidden state ``[B, S, H]``, zero at padded
+        positions. Attention uses ``ops.attention`` with the key-padding mask."""
+        cfg = self.config
+        h = self._embed(input_ids, position_ids,
+                        token_type_ids if cfg.has_token_types else None)
+        nh, scale, be = cfg.num_heads, cfg.head_dim ** -0.5, self.backend
+        h = self._layers(h, lambda qkv: ops.attention(qkv, attention_mask, nh, scale,
+                                                      backend=be))
+        return h.masked_fill((attention_mask == 0)[..., None], 0)
+
+    def enable_cuda_graphs(self, enabled: Optional[bool] = True, capture: bool = True):
+        """Run small batches through captured CUDA graphs (``graphs.GraphCache``);
+        ``enabled=None`` means on for CUDA devices. ``capture=False`` runs the same
+        static-shape path without graphs (testing on CPU)."""
+        if not enabled and enabled is not None:
+            self._graphs = None
+            return self
+        from .graphs import GraphCache, graphs_enabled
+
+        if capture and not graphs_enabled(enabled, self.device):
+            self._graphs = None
+            return self
+        self._graphs = GraphCache(self, capture=capture)
+        return self
 
     def _first_tokens(self, h: torch.Tensor, info) -> torch.Tensor:
         """``[B, H]``: each row's first real token; zeros for rows with none."""
@@ -386,12 +438,16 @@ class BertfastModel(nn.Module):
 
 
 def from_pretrained(path, device="cpu", dtype: torch.dtype = torch.float32,
-                    backend: str = "auto", head: Optional[str] = None) -> BertfastModel:
+                    backend: str = "auto", head: Optional[str] = None,
+                    cuda_graphs: Optional[bool] = None) -> BertfastModel:
     """Load a Hugging Face checkpoint folder into a :class:`BertfastModel`.
 
     ``head`` is one of :data:`bertfast.heads.HEADS` or None (chosen from
     ``architectures`` in config.json). ``backend`` is passed to every op (``"auto"``,
-    ``"torch"``, ``"cpu"``, ``"cuda"``, ``"triton"``). Raises ``FileNotFoundError``,
+    ``"torch"``, ``"cpu"``, ``"cuda"``, ``"triton"``). ``cuda_graphs`` (default: on
+    for CUDA devices unless ``BERTFAST_CUDA_GRAPHS=0``) replays small batches through
+    captured CUDA graphs (``graphs.py``); hidden states and larger batches run the
+    padding-free eager path. Raises ``FileNotFoundError``,
     ``ValueError`` (``CheckpointError``) or ``TypeError`` with a message naming the
     problem; nothing is half-loaded.
     """
@@ -400,4 +456,7 @@ def from_pretrained(path, device="cpu", dtype: torch.dtype = torch.float32,
                          f"{', '.join(('auto',) + ops.BACKEND_NAMES)}")
     device = torch.device(device)
     cfg, head, weights = load_checkpoint(os.fspath(path), head=head, dtype=dtype, device=device)
-    return BertfastModel(cfg, weights, head=head, backend=backend)
+    model = BertfastModel(cfg, weights, head=head, backend=backend)
+    if cuda_graphs or (cuda_graphs is None and device.type == "cuda"):
+        model.enable_cuda_graphs(cuda_graphs)
+    return model

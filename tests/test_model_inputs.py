@@ -272,3 +272,35 @@ def test_outputs_do_not_require_grad(bert):
     out = bert(ids())
     assert not out.last_hidden_state.requires_grad
     assert not any(p.requires_grad for p in bert.parameters())
+
+
+# ------------------------------------------------------ static (CUDA-graph) path
+@pytest.mark.parametrize("key", [("bert", "sequence_classification"), ("albert", "pretraining"),
+                                 ("distilbert", "token_classification"),
+                                 ("roberta", "masked_lm")])
+def test_encode_static_matches_packed(folders, key):
+    """The padded static-shape encoder (what CUDA graphs capture) equals the
+    padding-free one, zero at padded positions."""
+    family = key[0]
+    model = bertfast.from_pretrained(folders[key], backend="torch")
+    batch = make_batch(family, lengths=(6, 2, 0, 5), seq_len=8)
+    ref = model(**batch).last_hidden_state
+    mask, types, pos = model._prepare(batch["input_ids"], batch["attention_mask"],
+                                      batch.get("token_type_ids"), None)
+    got = model.encode_static(batch["input_ids"], mask.int(), types, pos)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+
+
+def test_static_bucket_path_without_capture(folders):
+    pytest.importorskip("bertfast.graphs")
+    model = bertfast.from_pretrained(folders[("bert", "sequence_classification")],
+                                     backend="torch")
+    batch = make_batch("bert", lengths=(6, 2, 5), seq_len=7)
+    eager = model(**batch)
+    model.enable_cuda_graphs(True, capture=False)
+    assert model._graphs is not None
+    bucketed = model(**batch)
+    for name in ("last_hidden_state", "pooler_output", "logits"):
+        torch.testing.assert_close(bucketed[name], eager[name], rtol=0, atol=1e-5)
+    model.enable_cuda_graphs(False)
+    assert model._graphs is None
