@@ -226,14 +226,31 @@ def _attention_limits(head_dim: int, num_heads: int, batch: int, seqlen: int) ->
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(index: int):
+    return torch.cuda.get_device_capability(index)
+
+
+def _dtype_on_device(qkv: Tensor) -> Optional[str]:
+    # bf16 tensor-core fragments need sm_80+ (older archs in a build trap instead).
+    if qkv.dtype == torch.bfloat16 and qkv.device.type == "cuda":
+        index = qkv.device.index if qkv.device.index is not None else torch.cuda.current_device()
+        major, minor = _capability(index)
+        if major < 8:
+            return f"bf16 attention needs compute capability 8.0+, device has {major}.{minor}"
+    return None
+
+
 def _supports_attention(qkv, attention_mask, num_heads, scale):
     B, S, H3 = qkv.shape
-    return _attention_limits(H3 // 3 // num_heads, num_heads, B, S)
+    return (_attention_limits(H3 // 3 // num_heads, num_heads, B, S)
+            or _dtype_on_device(qkv))
 
 
 def _supports_attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
-    return _attention_limits(qkv.shape[1] // 3 // num_heads, num_heads, cu_seqlens.numel() - 1,
-                             max_seqlen)
+    return (_attention_limits(qkv.shape[1] // 3 // num_heads, num_heads, cu_seqlens.numel() - 1,
+                              max_seqlen)
+            or _dtype_on_device(qkv))
 
 
 # ---------------------------------------------------------------- pack / unpack

@@ -352,7 +352,7 @@ struct WarpTile<T, D, false> {
 };
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p) {
+__device__ __forceinline__ void attention_cta(const AttnParams& p) {
   using Cfg = AttnConfig<T, D>;
   constexpr int BN = Cfg::kBlockN;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -451,6 +451,22 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p)
   if ((lane & 1) == 0) linv_w[lane >> 1] = l_i > 0.f ? 1.f / l_i : 0.f;
   __syncwarp();
   tile.store(out, p.hidden, q0 + warp * kWarpRows, len, s_w, linv_w, row_valid, lane);
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) attention_kernel(const AttnParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  // bf16 tensor-core fragments need sm_80; builds that add older archs (e.g.
+  // BERTFAST_CUDA_ARCHS="75;80;90" for a T4) still compile, and bertfast/ops/cuda.py
+  // never launches bf16 attention on such a device.
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    __trap();
+  } else {
+    attention_cta<T, D>(p);
+  }
+#else
+  attention_cta<T, D>(p);
+#endif
 }
 
 template <typename T, int D>
