@@ -151,7 +151,7 @@ class BertfastModel(nn.Module):
             raise ValueError(f"{name} is on {t.device} but the model is on {self.device}; "
                              f"move the inputs with .to({str(self.device)!r})")
         if limit is not None and t.numel():
-            lo, hi = int(t.min()), int(t.max())
+            lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one device sync
             if lo < 0 or hi >= limit:
                 bad = lo if lo < 0 else hi
                 raise IndexError(f"{name} contains {bad}, outside [0, {limit}) ({what})")

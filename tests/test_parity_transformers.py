@@ -327,3 +327,41 @@ def test_embedding_model_without_architectures(zoo, tmp_path):
     edit_config(bare, architectures=None)
     model = _check_against(hf, bare, "bert", "base")
     assert model.head == "base"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family,head", [("bert", "pretraining"), ("roberta", "masked_lm"),
+                                         ("albert", "sequence_classification"),
+                                         ("electra", "question_answering"),
+                                         ("distilbert", "multiple_choice"),
+                                         ("xlm-roberta", "token_classification")])
+def test_parity_on_cuda(zoo, family, head):
+    """fp32 on the GPU (TF32 off) against transformers on the GPU, with the torch
+    backend and with auto (cuda/triton kernels), eager and through CUDA graphs."""
+    hf, folder = zoo(family, head)
+    batch = make_batch(family)
+    if head == "multiple_choice":
+        batch = _reshape_mc(batch)
+    batch = {k: v.cuda() for k, v in batch.items()}
+    hf_cuda = hf.cuda()
+    try:
+        with torch.no_grad():
+            ref = hf_cuda(**batch, output_hidden_states=True)
+        for backend in BACKENDS:
+            for graphs in (False, True):
+                model = bertfast.from_pretrained(folder, device="cuda", backend=backend,
+                                                 cuda_graphs=graphs)
+                out = model(**batch, output_hidden_states=not graphs)
+                if graphs:  # hidden states are not produced by the graph path
+                    ref_cmp = {k: v for k, v in ref.items() if k != "hidden_states"}
+                else:
+                    ref_cmp = ref
+                diffs = max_diffs(out, _Dict(ref_cmp), batch["attention_mask"], model.head)
+                bad = {k: v for k, v in diffs.items() if not v <= ATOL}
+                assert not bad, f"{family}/{head}/{backend}/graphs={graphs}: {bad}"
+    finally:
+        hf.cpu()
+
+
+class _Dict(dict):
+    """transformers' output subset with .keys() and [] (what max_diffs needs)."""
