@@ -174,7 +174,7 @@ def cmd_info(args) -> int:
             archs = ", ".join(build.get("cuda_archs") or []) or "none"
             print(f"  CUDA         : {build.get('cuda_version')} (archs: {archs})")
         else:
-            print("  CUDA         : none (built without nvcc)")
+            print("  CUDA         : none (built without CUDA kernels: no nvcc, or BERTFAST_SKIP_CUDA=1)")
     gpu = cuda["device"] or "none visible"
     print(f"torch CUDA     : {cuda['torch_cuda'] or 'CPU-only build'}; GPU: {gpu}")
     print("backends:")

@@ -139,3 +139,29 @@ def test_bench_is_delegated(monkeypatch):
     monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: object())
     assert cli.main(["bench", "--quick", "x"]) == 0
     assert seen["argv"] == ["--quick", "x"]
+
+
+def _readme_command(marker):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text(encoding="utf-8")
+    block = text.split(f"<!-- {marker} -->", 1)[1].split("```", 2)[1]
+    lines = [line for line in block.splitlines()[1:] if line.strip()]  # drop the "bash" tag
+    assert len(lines) == 1, f"{marker}: expected one command line, got {lines}"
+    return root, lines[0]
+
+
+def test_readme_test_command_is_what_ci_runs():
+    root, command = _readme_command("quickstart-test")
+    ci = (root / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert command in ci, "README's test command and .ci/run differ"
+    assert command.endswith("pytest -q")
+    assert ci[0] == "#!/usr/bin/env bash" and "set -euo pipefail" in ci
+
+
+def test_readme_demo_command_uses_existing_files():
+    root, command = _readme_command("quickstart-demo")
+    assert "bertfast encode --input examples/sample_sentences.txt" in command
+    assert command.endswith("bertfast check")
+    assert (root / "examples" / "sample_sentences.txt").is_file()
