@@ -33,7 +33,7 @@ from torch import nn
 
 from . import heads as H
 from . import ops
-from .checkpoint import load_checkpoint
+from .checkpoint import encoder_weight_specs, load_checkpoint
 from .config import EncoderConfig
 from .outputs import EncoderOutput
 
@@ -97,6 +97,15 @@ class BertfastModel(nn.Module):
         self.config = config
         self.head = H.resolve_head(config, head)
         self.backend = backend
+        required = encoder_weight_specs(config)
+        required.update(H.head_weight_specs(config, self.head)[0])
+        missing = [n for n in required if n not in weights]
+        if missing:
+            raise ValueError(f"BertfastModel: missing weight(s) {', '.join(missing)}")
+        for name, shape in required.items():
+            if tuple(weights[name].shape) != tuple(shape):
+                raise ValueError(f"BertfastModel: weight {name} has shape "
+                                 f"{tuple(weights[name].shape)}, expected {tuple(shape)}")
         for name, tensor in weights.items():
             _attach(self, name, tensor)
         self._graphs = None

@@ -304,3 +304,18 @@ def test_static_bucket_path_without_capture(folders):
         torch.testing.assert_close(bucketed[name], eager[name], rtol=0, atol=1e-5)
     model.enable_cuda_graphs(False)
     assert model._graphs is None
+
+
+def test_direct_construction_checks_weights(bert):
+    from bertfast.model import BertfastModel
+
+    weights = dict(bert.named_parameters(remove_duplicate=False))
+    weights = {k: v.detach() for k, v in weights.items()}
+    BertfastModel(bert.config, weights, head="sequence_classification", backend="torch")
+    broken = dict(weights)
+    del broken["layers.1.ffn_in.bias"]
+    with pytest.raises(ValueError, match="layers.1.ffn_in.bias"):
+        BertfastModel(bert.config, broken, head="sequence_classification")
+    broken = dict(weights, **{"pooler.weight": torch.zeros(3, 3)})
+    with pytest.raises(ValueError, match=r"pooler.weight has shape \(3, 3\)"):
+        BertfastModel(bert.config, broken, head="sequence_classification")
