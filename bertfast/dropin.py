@@ -47,7 +47,7 @@ def _is_sentence_transformer(model) -> bool:
 
 
 def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
-             fallback: bool = True):
+             fallback: bool = True, cuda_graphs: Optional[bool] = None):
     """Make ``model`` run on bertfast and return it (the same object).
 
     ``model``: a transformers ``PreTrainedModel`` of a supported family (any head) or
@@ -55,14 +55,17 @@ def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
     ``from_pretrained``. ``dtype``: cast the model first (``model.to(dtype)``),
     e.g. ``torch.float16`` on a GPU. ``fallback``: what to do with an argument
     bertfast does not implement: run the original forward (warn) or raise
-    :class:`UnsupportedArgument`.
+    :class:`UnsupportedArgument`. ``cuda_graphs``: replay small batches through
+    captured CUDA graphs (default: on when the model is on a CUDA device; see
+    ``bertfast/graphs.py``).
     """
     if _is_sentence_transformer(model):
         found = False
         for module in model.modules():
             inner = getattr(module, "auto_model", None)
             if inner is not None:
-                optimize(inner, backend=backend, dtype=dtype, fallback=fallback)
+                optimize(inner, backend=backend, dtype=dtype, fallback=fallback,
+                         cuda_graphs=cuda_graphs)
                 found = True
         if not found:
             raise TypeError("this SentenceTransformer has no transformers module "
@@ -88,10 +91,10 @@ def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
     cfg = EncoderConfig.from_dict(model.config.to_dict(), source=type(model).__name__)
     state = getattr(base, "_bertfast_state", None)
     if state is None:
-        state = _FastForward(base, cfg, backend, fallback)
+        state = _FastForward(base, cfg, backend, fallback, cuda_graphs)
         state.install()
     else:
-        state.backend, state.fallback = backend, fallback
+        state.backend, state.fallback, state.cuda_graphs = backend, fallback, cuda_graphs
         state.rebuild()
     return model
 
@@ -114,8 +117,10 @@ def undo(model):
 class _FastForward:
     """The replacement forward of one transformers encoder module."""
 
-    def __init__(self, base, cfg: EncoderConfig, backend: str, fallback: bool):
+    def __init__(self, base, cfg: EncoderConfig, backend: str, fallback: bool,
+                 cuda_graphs: Optional[bool]):
         self.base = base
+        self.cuda_graphs = cuda_graphs
         self.cfg = cfg
         self.backend = backend
         self.fallback = fallback
@@ -171,6 +176,8 @@ class _FastForward:
                 params[key].data = fused[part * n:(part + 1) * n]
         del state
         self.fast = BertfastModel(self.cfg, weights, head="base", backend=self.backend)
+        if self.cuda_graphs is not False:
+            self.fast.enable_cuda_graphs(self.cuda_graphs)
         self._anchor_ptr = (anchor.data_ptr(), anchor.device, anchor.dtype)
 
     def _stale(self) -> bool:

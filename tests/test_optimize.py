@@ -196,3 +196,30 @@ def test_undo_restores_original():
     with torch.no_grad():
         out = model(**kw)
     assert out.last_hidden_state[1, -1].abs().sum() > 0  # original: padded rows not zeroed
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("family,head", [("bert", "sequence_classification"),
+                                         ("roberta", "masked_lm"), ("distilbert", "base")])
+def test_optimize_gpu_half_precision(family, head, dtype):
+    """fp16/bf16 on a GPU (CUDA graphs on by default): the parity rule against fp32."""
+    model = build(family, head).cuda()
+    kw, mask = _inputs(family)
+    kw = {k: v.cuda() for k, v in kw.items()}
+    with torch.no_grad():
+        gold = model(**kw)
+        half = copy.deepcopy(model).to(dtype)
+        ref = half(**kw)
+    bertfast.optimize(model, dtype=dtype, fallback=False)
+    with torch.no_grad():
+        got = model(**kw)
+    assert model.base_model._bertfast_state.fast._graphs is not None
+    key = "logits" if head != "base" else "last_hidden_state"
+    m = mask.cuda()
+    e, r, o = gold[key].float(), ref[key].float(), got[key].float()
+    if e.dim() >= 2 and e.shape[:2] == m.shape:
+        e, r, o = e[m], r[m], o[m]
+    err, ref_err = (o - e).abs().max().item(), (r - e).abs().max().item()
+    atol = 1e-2 if dtype == torch.float16 else 5e-2  # one rounding of O(1..10) outputs
+    assert err <= 2 * ref_err + atol, (err, ref_err)
