@@ -57,15 +57,16 @@ def _prune(configs_, named_args, **kwargs):
 # masked get -inf; rows with no real key (or no real query) are written as zeros.
 # Grid: (cdiv(max_seqlen, BLOCK_M), num_heads, batch).
 @triton.autotune(configs=configs(_GPU_CONFIGS, _INTERPRET_CONFIG),
-                 key=["head_dim", "seq_bucket", "IS_VARLEN", "HAS_MASK"],
+                 key=["HEAD_DIM", "seq_bucket", "IS_VARLEN", "HAS_MASK"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _attention_kernel(
     qkv_ptr, mask_ptr, cu_seqlens_ptr, out_ptr,
-    padded_len, hidden, head_dim, qk_scale, seq_bucket,
+    padded_len, hidden, qk_scale, seq_bucket,
     qkv_batch_stride, qkv_token_stride, out_batch_stride, out_token_stride,
     mask_batch_stride, mask_token_stride,
-    IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     start_m = tl.program_id(0)
@@ -77,14 +78,14 @@ def _attention_kernel(
     else:
         seq_start = 0
         seq_len = padded_len
-    qkv_base = qkv_ptr + seq.to(tl.int64) * qkv_batch_stride + head * head_dim
-    out_base = out_ptr + seq.to(tl.int64) * out_batch_stride + head * head_dim
+    qkv_base = qkv_ptr + seq.to(tl.int64) * qkv_batch_stride + head * HEAD_DIM
+    out_base = out_ptr + seq.to(tl.int64) * out_batch_stride + head * HEAD_DIM
 
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     is_q = offs_m < seq_len
-    is_d = offs_d < head_dim
+    is_d = offs_d < HEAD_DIM  # all true (folded away) when head_dim is a power of two
 
     q_rows = (seq_start + offs_m).to(tl.int64) * qkv_token_stride
     q = tl.load(qkv_base + q_rows[:, None] + offs_d[None, :],
@@ -146,11 +147,11 @@ def _launch(qkv3, mask, cu_seqlens, batch, max_seqlen, num_heads, scale, out3, i
 
     _attention_kernel[grid](
         qkv3, mask if mask is not None else qkv3, cu_seqlens if cu_seqlens is not None else qkv3,
-        out3, max_seqlen, hidden, head_dim, scale * LOG2E, bucket(max_seqlen, 1024),
+        out3, max_seqlen, hidden, scale * LOG2E, bucket(max_seqlen, 1024),
         0 if is_varlen else qkv3.stride(0), qkv3.stride(1),
         0 if is_varlen else out3.stride(0), out3.stride(1), *mask_strides,
-        IS_VARLEN=is_varlen, HAS_MASK=mask is not None, DOT_PRECISION=dot_precision(qkv3.dtype),
-        BLOCK_D=max(16, next_pow2(head_dim)),
+        HEAD_DIM=head_dim, IS_VARLEN=is_varlen, HAS_MASK=mask is not None,
+        DOT_PRECISION=dot_precision(qkv3.dtype), BLOCK_D=max(16, next_pow2(head_dim)),
     )
     return out3
 

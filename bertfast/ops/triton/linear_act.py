@@ -53,16 +53,18 @@ def _prune(configs_, named_args, **kwargs):
 # out [M, N] with unit column stride. fp32 accumulation; bias and activation in
 # fp32 in the epilogue. Rows / columns past M / N are wrapped (modulo) for the
 # loads, so loads never leave the tensors, and masked at the store; the K tail is
-# masked to zero.
+# masked to zero (EVEN_K: K is a multiple of BLOCK_K, no masks at all).
 # Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),), grouped by GROUP_M row tiles.
 @triton.autotune(configs=configs(_GPU_CONFIGS, _INTERPRET_CONFIG),
                  key=["m_bucket", "N", "K"], prune_configs_by={"early_config_prune": _prune})
+@triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _linear_act_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, m_bucket,
     x_stride_m, x_stride_k, w_stride_n, w_stride_k, out_stride_m,
     ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -83,9 +85,13 @@ def _linear_act_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        if EVEN_K:  # no K tail: unmasked (vectorisable) loads
+            a = tl.load(x_ptrs)
+            b = tl.load(w_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(x_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+            b = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K * x_stride_k
         w_ptrs += BLOCK_K * w_stride_k
