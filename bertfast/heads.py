@@ -109,6 +109,11 @@ def resolve_head(cfg: EncoderConfig, head: Optional[str]) -> str:
         raise ValueError(f"head 'sentence_order' exists only for ALBERT, not {cfg.model_type}")
     if head == "pretraining" and fam not in ("bert", "albert", "electra"):
         raise ValueError(f"head 'pretraining' does not exist for {cfg.model_type}")
+    if head == "multiple_choice" and fam == "electra":
+        summary = cfg.raw.get("summary_type", "first")
+        if summary != "first":
+            raise ValueError(f"ELECTRA multiple choice with summary_type={summary!r} is not "
+                             "supported (only 'first')")
     if head == "pretraining" and fam == "electra":
         head = "electra_discriminator"
     if head == "electra_discriminator" and fam != "electra":

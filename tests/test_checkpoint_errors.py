@@ -432,3 +432,12 @@ def test_non_float_dtype_rejected(base_dir):
 def test_unknown_backend_rejected(base_dir):
     with pytest.raises(ValueError, match="unknown backend"):
         bertfast.from_pretrained(base_dir, backend="fastest")
+
+
+def test_electra_summary_type_other_than_first(tmp_path):
+    from bertfast.heads import resolve_head
+
+    cfg = EncoderConfig.from_dict(dict(BERT_CFG, model_type="electra", summary_type="mean",
+                                       architectures=["ElectraForMultipleChoice"]))
+    with pytest.raises(ValueError, match="summary_type='mean'"):
+        resolve_head(cfg, None)
