@@ -39,8 +39,8 @@ _ACT_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
 
 #: Head dims the attention kernel is instantiated for (kernels/cuda/attention.cu).
 ATTENTION_HEAD_DIMS = (32, 64, 80, 96, 128)
-#: Widest LayerNorm row the kernels hold in registers (1024 threads x 32 floats).
-MAX_LAYERNORM_WIDTH = 32768
+#: Widest LayerNorm row the kernels hold in registers (512 threads x 32 floats).
+MAX_LAYERNORM_WIDTH = 16384
 _MAX_GRID_YZ = 65535
 
 

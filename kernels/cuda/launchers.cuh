@@ -21,8 +21,8 @@ enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 // Activation codes shared with bertfast/ops/cuda.py.
 enum Activation : int { kGeluErf = 0, kGeluTanh = 1, kRelu = 2 };
 
-// Largest LayerNorm width the kernels hold in registers (1024 threads x 32).
-constexpr int64_t kMaxLayerNormWidth = 32768;
+// Largest LayerNorm width the kernels hold in registers (512 threads x 32).
+constexpr int64_t kMaxLayerNormWidth = 16384;
 
 // out[r] = LN(word[ids[r]] + type[type_ids[r]] + pos[pos_ids[r]]) * weight + bias.
 // ids are int64; a row whose id is out of range is written as NaN.

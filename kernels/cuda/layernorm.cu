@@ -9,7 +9,8 @@
 //
 // Layout: every tensor contiguous, rows of `width` elements.
 // Launch: a row per warp (block 32x4, four rows per block) when width <= 1024,
-// else a row per block (256 threads, or 1024 when width > 8192). Each thread
+// else a row per block (256 threads, or 512 when width > 8192; widths up to
+// 16384). Each thread
 // holds CHUNKS vectors of VEC elements: vector j = c * blockDim.x + threadIdx.x
 // covers elements [j*VEC, j*VEC + VEC). VEC is a full 128-bit vector when the
 // width is a multiple of it and every pointer is 16-byte aligned, else 1
@@ -26,6 +27,11 @@ namespace {
 
 constexpr int kRowsPerWarpBlock = 4;   // warp-per-row blocks are 32 x 4
 constexpr int kMaxWarpRowWidth = 1024;  // 32 lanes x 32 floats
+constexpr int kMaxBlock256Width = 8192;  // 256 threads x 32 floats
+// Widest blocks: 512 threads x 32 floats = 16384 (kMaxLayerNormWidth). 512
+// threads leave 128 registers per thread, well above what a 32-float row slice
+// needs (<= 80 with nvcc 13), so no instantiation spills.
+constexpr int kMaxThreads = 512;
 
 // Mean/variance of the row in v (slots past the width are ignored), then
 // out = (v - mean) * rstd * weight + bias, written in T.
@@ -75,7 +81,7 @@ __device__ __forceinline__ void normalize_row(float (&v)[CHUNKS][VEC], T* __rest
 }
 
 template <typename T, int VEC, int CHUNKS>
-__global__ void embed_layernorm_kernel(T* __restrict__ out, const int64_t* __restrict__ input_ids,
+__global__ void __launch_bounds__(kMaxThreads) embed_layernorm_kernel(T* __restrict__ out, const int64_t* __restrict__ input_ids,
                                        const int64_t* __restrict__ position_ids,
                                        const int64_t* __restrict__ token_type_ids,
                                        const T* __restrict__ word, const T* __restrict__ pos,
@@ -137,7 +143,7 @@ __global__ void embed_layernorm_kernel(T* __restrict__ out, const int64_t* __res
 }
 
 template <typename T, int VEC, int CHUNKS>
-__global__ void add_layernorm_kernel(T* __restrict__ out, const T* __restrict__ x,
+__global__ void __launch_bounds__(kMaxThreads) add_layernorm_kernel(T* __restrict__ out, const T* __restrict__ x,
                                      const T* __restrict__ residual, const T* __restrict__ bias,
                                      const T* __restrict__ weight, const T* __restrict__ ln_bias,
                                      int64_t rows, int width, float eps) {
@@ -193,7 +199,7 @@ RowLaunch row_launch(int64_t rows, int64_t width, int vec) {
     l.grid = dim3(static_cast<unsigned>((rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock));
     l.chunks = next_pow2((nvec + 31) / 32);
   } else {
-    const int threads = width <= 8192 ? 256 : 1024;
+    const int threads = width <= kMaxBlock256Width ? 256 : kMaxThreads;
     l.block = dim3(threads, 1);
     l.grid = dim3(static_cast<unsigned>(rows));
     l.chunks = next_pow2((nvec + threads - 1) / threads);
