@@ -14,9 +14,10 @@ namespace cpu {
 namespace {
 
 // Kept out of line: GCC vectorises it reliably as its own function, less so once
-// inlined into the OpenMP-outlined region.
+// inlined into the OpenMP-outlined region. BF_CLONES adds an AVX-512 (x86-64-v4)
+// clone chosen at load time by the CPU it runs on; the default stays AVX2/FMA.
 template <typename T, int ACT>
-__attribute__((noinline)) void act_span(T* out, const T* x, const float* BF_RESTRICT bias, int64_t n) {
+__attribute__((noinline)) BF_CLONES void act_span(T* out, const T* x, const float* BF_RESTRICT bias, int64_t n) {
   // No BF_RESTRICT on out/x: they may alias (element j is read before it is written).
   for (int64_t j = 0; j < n; ++j) {
     float v = to_f32(x[j]) + bias[j];

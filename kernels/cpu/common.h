@@ -33,6 +33,15 @@
 #define BF_RESTRICT
 #endif
 
+// Runtime-dispatched clones (GCC ifunc, resolved when _C loads, from the CPU it runs
+// on; nothing is probed at build or install time): the compiler's vectorised loops
+// get an AVX-512 version next to the AVX2/FMA baseline the module is built for.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define BF_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
+#else
+#define BF_CLONES
+#endif
+
 #ifdef BERTFAST_WITH_OPENMP
 #define BF_PRAGMA(x) _Pragma(#x)
 #define BF_SIMD_REDUCE_ADD(v) BF_PRAGMA(omp simd reduction(+ : v))
