@@ -300,12 +300,14 @@ def build(rows, machine) -> str:
     parts.append(f"# bertfast benchmarks on `{dev}`")
     parts.append("")
     if e2e:
-        ceil = e2e[0].get("ceiling_gflops")
+        ceils = [r["ceiling_gflops"] for r in e2e if r.get("ceiling_gflops")]
+        ceil = max(ceils) if ceils else None
         probes = [r["probe_gflops"] for r in e2e if r.get("probe_gflops")]
         thr = e2e[0].get("threads")
         parts.append(f"- dtype {e2e[0].get('dtype')}" + (f", {thr} threads" if thr else "")
-                     + (f"; GEMM ceiling (2048^3 fp32 torch.mm, this run): **{ceil:.0f} GFLOP/s**"
-                        if ceil else ""))
+                     + (f"; GEMM ceiling (2048^3 torch.mm, timed inside each workload's "
+                        f"rounds): {min(ceils):.0f}..{ceil:.0f} GFLOP/s; `% GEMM` uses the "
+                        "ceiling of the row's own workload" if ceil else ""))
         loads = [r["load_avg_1min"] for r in e2e if r.get("load_avg_1min") is not None]
         if loads:
             parts.append(f"- 1-minute load average during the run: {min(loads):.1f}..{max(loads):.1f}"

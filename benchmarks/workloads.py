@@ -146,10 +146,10 @@ def profile(name: str) -> Dict[str, List[Workload]]:
     if name == "smoke":
         return {"tiny": [grid(2, 16), ragged(4, 12, 32), padded(4, 32, 0.5)]}
     if name == "quick":
-        minilm = ([grid(1, 32), grid(1, 128), grid(8, 128), grid(32, 128), grid(8, 384)]
+        minilm = ([grid(1, 32), grid(1, 128), grid(8, 128), grid(32, 128)]
                   + [ragged(32, 64, 128), ragged(8, 32, 128)]
                   + [padded(32, 128, 0.5)])
-        base = [grid(1, 32), grid(1, 128), grid(8, 128), ragged(8, 32, 128)]
+        base = [grid(1, 32), grid(1, 128), grid(8, 32), ragged(8, 32, 128)]
         return {"minilm": minilm, "bert-base": base}
     if name == "full":
         every = grid_workloads() + ragged_workloads() + padding_workloads()
