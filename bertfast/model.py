@@ -40,7 +40,6 @@ from .outputs import EncoderOutput
 __all__ = ["BertfastModel", "from_pretrained"]
 
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-_INT_PACK_UNSUPPORTED: set = set()
 
 
 class _Holder(nn.Module):
@@ -233,16 +232,7 @@ class BertfastModel(nn.Module):
         x = x.reshape(-1)
         if x.dtype != torch.int64:
             x = x.long()
-        key = (self.backend, x.device.type)
-        if key not in _INT_PACK_UNSUPPORTED:
-            try:
-                return ops.pack_tokens(x, info.indices, backend=self.backend)
-            except ops.BackendError:
-                # No backend registers integer dtypes for pack_tokens (the torch
-                # backend lists float dtypes only); remember, and gather the way the
-                # reference does (x[indices]).
-                _INT_PACK_UNSUPPORTED.add(key)
-        return x.index_select(0, info.indices)
+        return ops.pack_tokens(x, info.indices, backend=self.backend)
 
     def _unpack(self, x: torch.Tensor, info) -> torch.Tensor:
         out = ops.unpack_tokens(x, info.indices, info.batch * info.seqlen, backend=self.backend)

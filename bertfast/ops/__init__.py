@@ -23,7 +23,8 @@ position_embeddings[P,E], token_type_embeddings?[Tt,E], weight[E], bias[E], eps)
 ``attention_varlen(qkv[T,3H], cu_seqlens[B+1] int32, max_seqlen, num_heads, scale)``
     the same over packed sequences -> [T,H].
 ``pack_tokens(x[N,...], indices[T])`` / ``unpack_tokens(x[T,...], indices[T], num_rows)``
-    gather real tokens / scatter them back with zeros at padded rows.
+    gather real tokens / scatter them back with zeros at padded rows (integer
+    tensors, e.g. token ids, always take the reference gather/scatter).
 
 Every entry point takes ``backend="auto"``; see ``dispatch.py`` for how it chooses.
 """
@@ -34,7 +35,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import checks, dispatch
+from . import checks, dispatch, reference
 from .dispatch import BACKEND_NAMES, BackendError, backend_status
 from .padding import PackInfo, pack_info
 
@@ -250,6 +251,8 @@ def attention_varlen(qkv, cu_seqlens, max_seqlen: int, num_heads: int,
 @_op("pack_tokens", ())
 def _pack_tokens(x: Tensor, indices: Tensor, backend: str) -> Tensor:
     checks.pack_tokens(x, indices)
+    if not x.is_floating_point():  # integer rows (token ids): a plain gather, every backend
+        return reference.pack_tokens(x, indices)
     return _run("pack_tokens", backend, x, x, indices)
 
 
@@ -265,6 +268,8 @@ def pack_tokens(x, indices, backend: str = "auto") -> Tensor:
 @_op("unpack_tokens", ())
 def _unpack_tokens(x: Tensor, indices: Tensor, num_rows: int, backend: str) -> Tensor:
     checks.unpack_tokens(x, indices, num_rows)
+    if not x.is_floating_point():
+        return reference.unpack_tokens(x, indices, num_rows)
     return _run("unpack_tokens", backend, x, x, indices, num_rows)
 
 

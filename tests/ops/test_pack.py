@@ -38,3 +38,14 @@ def test_unpack_rejects_out_of_range_indices(backend):
     x = torch.randn(3, 8, device=device)
     with pytest.raises(IndexError, match="indices contains 6"):
         run_backend("unpack_tokens", backend, (x, torch.tensor([0, 2, 6], device=device), 6))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pack_unpack_integer_ids(backend):
+    device = device_for(backend)
+    ids = torch.arange(12, device=device).view(12)
+    index = torch.tensor([1, 4, 11], device=device)
+    packed = run_backend("pack_tokens", backend, (ids, index))
+    assert packed.tolist() == [1, 4, 11]
+    back = run_backend("unpack_tokens", backend, (packed, index, 12))
+    assert back.tolist() == [0, 1, 0, 0, 4, 0, 0, 0, 0, 0, 0, 11]
