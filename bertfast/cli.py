@@ -174,7 +174,7 @@ def cmd_info(args) -> int:
             archs = ", ".join(build.get("cuda_archs") or []) or "none"
             print(f"  CUDA         : {build.get('cuda_version')} (archs: {archs})")
         else:
-            print("  CUDA         : none (built without CUDA kernels: no nvcc, or BERTFAST_SKIP_CUDA=1)")
+            print(f"  CUDA         : none ({build.get('cuda_status') or 'built without CUDA kernels'})")
     gpu = cuda["device"] or "none visible"
     print(f"torch CUDA     : {cuda['torch_cuda'] or 'CPU-only build'}; GPU: {gpu}")
     print("backends:")
@@ -274,7 +274,7 @@ def cmd_check(args) -> int:
           f"reference transformers {transformers.__version__} {type(ref).__name__} fp32, TF32 off")
     print(f"  {len(sentences)} sentences" + (f" + {len(pairs)} sentence pairs" if pairs else ""))
 
-    rows = []  # (name, value text, passed)
+    rows = []  # (name, value text, passed: True / False / None for not applicable)
     embed_diff = 0.0
     tok_equal = True
     hidden_diff = 0.0
@@ -311,7 +311,7 @@ def cmd_check(args) -> int:
             rows.append(("pooler_output", f"max |diff| {pooler_diff:.2e}",
                          pooler_diff <= TOLERANCE_FP32))
         else:
-            rows.append(("pooler_output", "n/a (no pooler in this checkpoint or model)", True))
+            rows.append(("pooler_output", "no pooler in this checkpoint", None))
 
         if sent_cfg.is_sentence_transformers:
             vectors = embedder.encode(sentences, convert_to="torch").float()
@@ -333,8 +333,8 @@ def cmd_check(args) -> int:
 
     width = max(len(name) for name, _, _ in rows)
     for name, text, ok in rows:
-        print(f"  {name:<{width}}  {'PASS' if ok else 'FAIL'}  {text}")
-    passed = all(ok for _, _, ok in rows)
+        print(f"  {name:<{width}}  {'n/a ' if ok is None else 'PASS' if ok else 'FAIL'}  {text}")
+    passed = all(ok is not False for _, _, ok in rows)
     verdict = "PASS" if passed else "FAIL"
     print(f"{verdict}: bertfast vs transformers, max abs diff {max(hidden_diff, pooler_diff or 0.0, embed_diff):.2e} "
           f"(tolerance {TOLERANCE_FP32:.0e}, fp32)")

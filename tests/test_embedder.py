@@ -302,3 +302,22 @@ def test_tokenizer_errors(tmp_path):
     (tmp_path / "vocab.txt").write_text("a\nb\n")
     with pytest.raises(TokenizerError, match="special tokens"):
         Tokenizer.from_pretrained(tmp_path)
+
+
+def test_family_without_token_types(tmp_path):
+    """DistilBERT has no token-type embeddings: the Embedder must not send any."""
+    transformers = pytest.importorskip("transformers")
+    from .models import build, save
+
+    model = build("distilbert")
+    save(model, str(tmp_path))
+    vocab = _vocab()
+    vocab += [f"extra{i}" for i in range(model.config.vocab_size - len(vocab))]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    got = Embedder.from_pretrained(tmp_path).encode(TINY_TEXTS, convert_to="torch")
+    tok = transformers.BertTokenizer(str(tmp_path / "vocab.txt"))
+    batch = tok(TINY_TEXTS, padding=True, truncation=True, max_length=model.config.max_position_embeddings,
+                return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    torch.testing.assert_close(got, _by_hand(hidden, batch["attention_mask"], "mean"), rtol=0, atol=1e-4)
