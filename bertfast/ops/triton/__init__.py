@@ -43,6 +43,8 @@ PACK_DTYPES = FLOAT_DTYPES + (torch.float64, torch.int64, torch.int32, torch.int
 MAX_HIDDEN = 16384
 #: Attention head_dim range the tiles are sized for (BLOCK_D = next power of two).
 MAX_HEAD_DIM = 128
+#: Attention launches one program column per sequence on grid axis z.
+MAX_GRID_Z = 65535
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,12 +120,18 @@ def _head_dim(qkv, num_heads):
     return None
 
 
+def _batch(batch):
+    if batch > MAX_GRID_Z:
+        return f"batch {batch} > {MAX_GRID_Z} sequences (CUDA grid z limit); split the batch"
+    return None
+
+
 def _supports_attention(qkv, mask, num_heads, scale):
-    return _float(qkv) or _head_dim(qkv, num_heads)
+    return _float(qkv) or _head_dim(qkv, num_heads) or _batch(qkv.shape[0])
 
 
 def _supports_attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
-    return _float(qkv) or _head_dim(qkv, num_heads)
+    return _float(qkv) or _head_dim(qkv, num_heads) or _batch(cu_seqlens.shape[0] - 1)
 
 
 def _supports_pack(x, *rest):
