@@ -16,10 +16,14 @@ namespace py = pybind11;
 #ifndef BERTFAST_CXX_COMPILER
 #define BERTFAST_CXX_COMPILER "unknown"
 #endif
+#ifndef BERTFAST_CUDA_STATUS
+#define BERTFAST_CUDA_STATUS "unknown"
+#endif
 
 static py::dict build_info() {
   py::dict info;
   info["cxx_compiler"] = BERTFAST_CXX_COMPILER;
+  info["cuda_status"] = BERTFAST_CUDA_STATUS;
 #ifdef BERTFAST_WITH_OPENMP
   info["openmp"] = true;
 #else

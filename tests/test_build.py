@@ -4,8 +4,8 @@
 - When ``nvcc`` is on PATH and ``BERTFAST_SKIP_CUDA`` is not set, the CUDA kernels
   must be in the build, for sm_80 and sm_90: CMake compiles kernels/cuda/*.cu then,
   so a CUDA compile error fails the build and this test fails if CUDA was silently
-  left out. (A build made on purpose with BERTFAST_SKIP_CUDA=1 should be tested
-  with that variable set too.)
+  left out. A build made on purpose with BERTFAST_SKIP_CUDA=1 records that in
+  ``build_info()["cuda_status"]`` and this check skips with that reason.
 """
 import os
 import shutil
@@ -33,9 +33,9 @@ def test_cpp_side_always_present():
 def test_cuda_built_when_nvcc_present():
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH: the build has no CUDA kernels by design")
-    if _skip_cuda_requested():
-        pytest.skip("BERTFAST_SKIP_CUDA is set")
     info = bertfast.build_info()
+    if _skip_cuda_requested() or "BERTFAST_SKIP_CUDA" in info.get("cuda_status", ""):
+        pytest.skip(f"CUDA left out on purpose: {info.get('cuda_status')}")
     assert info["cuda"] is True, (
         "nvcc is on PATH but bertfast._C was built without CUDA: rebuild, or set "
         "BERTFAST_SKIP_CUDA=1 if that was intended")
