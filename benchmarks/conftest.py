@@ -137,13 +137,19 @@ def pytest_collection_modifyitems(session, config, items):
     """Record, per (model, workload), the providers whose cases were selected: they are
     timed together, interleaved round by round (see ``Context.measure_workload``)."""
     groups: Dict[tuple, list] = {}
+    kgroups: Dict[tuple, list] = {}
     for item in items:
         spec = getattr(item, "callspec", None)
-        if spec is None or "e2e_case" not in spec.params:
+        if spec is None:
             continue
-        model, w, provider = spec.params["e2e_case"]
-        groups.setdefault((model, w.id), []).append(provider)
+        if "e2e_case" in spec.params:
+            model, w, provider = spec.params["e2e_case"]
+            groups.setdefault((model, w.id), []).append(provider)
+        if "kernel_case" in spec.params:
+            op, tokens, hidden, impl = spec.params["kernel_case"]
+            kgroups.setdefault((op, tokens, hidden), []).append(impl)
     config._bench.groups = groups
+    config._bench.kernel_groups = kgroups
 
 
 class Context:
@@ -203,6 +209,56 @@ class Context:
                     f"{provider.name} failed to load: {type(exc).__name__}: {exc}"[:500])
                 pytest.skip(self.load_errors[provider.name])
         return self.runners[provider.name]
+
+
+def record_rounds(benchmark, times) -> bool:
+    """Hand externally timed rounds (interleaved across providers) to pytest-benchmark,
+    so its JSON, tables and comparisons work as usual. Uses its stats object (private
+    API); returns False where that is unavailable or benchmarking is disabled, and the
+    caller then times the case on its own with ``benchmark.pedantic``."""
+    if getattr(benchmark, "disabled", False) or not times:
+        return False
+    try:
+        stats = benchmark._make_stats(1)
+        for t in times:
+            stats.update(t)
+        benchmark._mode = "interleaved"
+        return True
+    except AttributeError:
+        return False
+
+
+def interleave(calls: Dict[str, object], one: Dict[str, float], budget_s: float,
+               smoke: bool) -> Dict[str, List[float]]:
+    """Time ``calls`` (name -> synchronized call) round-robin: round r runs every call
+    once in an order rotated by r, until ``budget_s x len(calls)`` seconds are spent
+    (at least 5 rounds, 3 when one round takes over 3 s; 1 in smoke runs)."""
+    import time
+
+    from bertfast.bench import rounds_for
+
+    times: Dict[str, List[float]] = {n: [] for n in calls}
+    if not calls:
+        return times
+    per_round = sum(one.values())
+    rounds = 1 if smoke else rounds_for(per_round, budget_s * len(calls),
+                                        min_rounds=3 if per_round > 3.0 else 5)
+    order = list(calls)
+    for r in range(rounds):
+        k = r % len(order)
+        for n in order[k:] + order[:k]:
+            t0 = time.perf_counter()
+            calls[n]()
+            times[n].append(time.perf_counter() - t0)
+    return times
+
+
+@pytest.fixture(scope="session")
+def timing():
+    """The interleaved-timing helpers above, for the test modules."""
+    import types
+
+    return types.SimpleNamespace(record=record_rounds, interleave=interleave)
 
 
 @pytest.fixture(scope="session")

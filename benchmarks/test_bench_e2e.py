@@ -39,7 +39,7 @@ import torch
 
 import workloads
 from bertfast.bench import (TransformersProvider, encoder_flops, gemm_ceiling, parity_error,
-                            peak_memory, rounds_for, synchronize)
+                            peak_memory, synchronize)
 
 REFERENCE = "transformers-eager"
 GEMM = "__gemm_ceiling__"
@@ -55,7 +55,7 @@ def _reference(bench, model, w, batch, path):
     return run(batch).float()
 
 
-def measure_workload(bench, model, w, provs) -> dict:
+def measure_workload(bench, timing, model, w, provs) -> dict:
     """Time every provider of ``provs`` on workload ``w``, interleaved (see module doc)."""
     key = (model, w.id)
     if key in bench.measured:
@@ -111,21 +111,7 @@ def measure_workload(bench, model, w, provs) -> dict:
         t0 = time.perf_counter()
         calls[GEMM]()
         one[GEMM] = time.perf_counter() - t0
-    times = {n: [] for n in calls}
-    if calls:
-        per_round = sum(one.values())
-        if s.smoke:
-            rounds = 1
-        else:
-            rounds = rounds_for(per_round, s.budget * len(calls),
-                                min_rounds=3 if per_round > 3.0 else 5)
-        order = list(calls)
-        for r in range(rounds):
-            k = r % len(order)
-            for n in order[k:] + order[:k]:
-                t0 = time.perf_counter()
-                calls[n]()
-                times[n].append(time.perf_counter() - t0)
+    times = timing.interleave(calls, one, s.budget, s.smoke)
     gemm_times = times.pop(GEMM, None)
     ceiling_rounds = 2 * n_gemm ** 3 / statistics.median(gemm_times) / 1e9 if gemm_times else None
     result = {"ceiling_rounds": ceiling_rounds, "times": times, "errs": errs, "peaks": peaks, "skips": skips, "probe": probe,
@@ -135,22 +121,7 @@ def measure_workload(bench, model, w, provs) -> dict:
     return result
 
 
-def _record(benchmark, times) -> bool:
-    """Hand externally timed rounds to pytest-benchmark (so its JSON, tables and
-    comparisons work as usual). Uses its stats object; returns False if that changed."""
-    if getattr(benchmark, "disabled", False):
-        return False
-    try:
-        stats = benchmark._make_stats(1)
-        for t in times:
-            stats.update(t)
-        benchmark._mode = "interleaved"
-        return True
-    except AttributeError:
-        return False
-
-
-def test_e2e(benchmark, bench, e2e_case):
+def test_e2e(benchmark, bench, timing, e2e_case):
     model, w, provider = e2e_case
     s = bench.s
     why = provider.unavailable(s.device, s.dtype)
@@ -158,14 +129,14 @@ def test_e2e(benchmark, bench, e2e_case):
         pytest.skip(f"{provider.name}: {why}")
     bench.use_model(model)
     provs = s.groups.get((model, w.id), [provider])
-    res = measure_workload(bench, model, w, provs)
+    res = measure_workload(bench, timing, model, w, provs)
     if provider.name in res["skips"]:
         pytest.skip(res["skips"][provider.name])
     times = res["times"][provider.name]
 
     benchmark.group = f"{model} {w.id}"
     benchmark.name = f"{model}-{w.id}-{provider.name}"
-    if not _record(benchmark, times):  # fallback: time this provider on its own
+    if not timing.record(benchmark, times):  # fallback: time this provider on its own
         run = bench.runners[provider.name]
         batch = w.make(int(workloads.model_config(model)["vocab_size"]), s.device)
         benchmark.pedantic(lambda: (run(batch), synchronize(s.device)),

@@ -10,11 +10,13 @@ padded SDPA over the same batch; ``linear_gelu`` and ``bias_gelu`` use the FFN w
 Per case ``extra_info`` holds ``gbps`` (memory-bound ops: embed_layernorm,
 add_layernorm, bias_gelu; minimal bytes: every input read once, output written once,
 small tables and vectors ignored) or ``gflops`` (linear_gelu, attention: useful FLOPs,
-real tokens only), ``ratios`` (speedup over the PyTorch baseline measured just before),
-and ``parity_max_abs_err`` against that baseline.
+real tokens only), ``ratios`` (speedup over the PyTorch baseline timed in the same rounds),
+and ``parity_max_abs_err`` against that baseline. Implementations of one case are timed
+interleaved, round by round (``conftest.interleave``), like the end-to-end suite.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Callable, Dict, List, Tuple
 
@@ -22,7 +24,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertfast.bench import bertfast_backends, ragged_lengths, rounds_for, synchronize
+from bertfast.bench import bertfast_backends, ragged_lengths, synchronize
 
 OPS = ("embed_layernorm", "add_layernorm", "bias_gelu", "linear_gelu", "attention",
        "attention_varlen")
@@ -174,59 +176,83 @@ def _work(op: str, a: Dict[str, object], tokens: int, hidden: int, elt: int) -> 
     return "GFLOP", sum(4 * n * n * H for n in a["lengths"])
 
 
-_baseline_medians: Dict[tuple, float] = {}
-_baseline_outputs: Dict[tuple, torch.Tensor] = {}
+_measured: Dict[tuple, dict] = {}
 
 
-def test_kernel(benchmark, bench, kernel_case):
-    op, tokens, hidden, impl = kernel_case
+def measure_group(bench, timing, key, impls) -> dict:
+    """Time every implementation of one (op, tokens, hidden) case, interleaved."""
+    if key in _measured:
+        return _measured[key]
+    _measured.clear()
     s = bench.s
+    op, tokens, hidden = key
     a = _inputs(op, tokens, hidden, s.device, s.dtype)
-    key = (op, tokens, hidden)
-    if impl == BASELINE:
-        fn = _pytorch(op, a)
-    else:
-        from bertfast.ops import BackendError
+    from bertfast.ops import BackendError
 
+    fns, skips = {}, {}
+    for impl in impls:
+        if impl == BASELINE:
+            fns[impl] = _pytorch(op, a)
+            continue
         fn = _bertfast(op, a, impl)
         try:
             fn()
         except (BackendError, NotImplementedError) as exc:
-            pytest.skip(f"{impl}: {exc}")
+            skips[impl] = f"{impl}: {exc}"
+            continue
+        fns[impl] = fn
 
-    def call():
-        r = fn()
-        synchronize(s.device)
-        return r
+    def sync(fn):
+        def call():
+            r = fn()
+            synchronize(s.device)
+            return r
+        return call
 
-    out = call()
-    if impl == BASELINE:
-        _baseline_outputs.clear()
-        _baseline_outputs[key] = out.float()
-        err = 0.0
-    else:
-        ref = _baseline_outputs.get(key)
-        if ref is None:
-            ref = _pytorch(op, a)().float()
-        if op == "attention_varlen" and out.dim() == 2:
-            ref = ref.reshape(-1, ref.shape[-1])[a["index"]]
-        err = float((out.float() - ref).abs().max()) if out.numel() else 0.0
-    del out
-    t0 = time.perf_counter()
-    call()
-    one = time.perf_counter() - t0
-    rounds, warmup = (1, 0) if s.smoke else (rounds_for(one, min(s.budget, 1.0), min_rounds=5,
-                                                        max_rounds=500), 2)
+    calls = {n: sync(f) for n, f in fns.items()}
+    ref = _pytorch(op, a)().float()
+    if op == "attention_varlen":
+        ref_packed = ref.reshape(-1, ref.shape[-1])[a["index"]]
+    errs, one = {}, {}
+    for n, call in calls.items():
+        out = call()
+        r = ref_packed if (op == "attention_varlen" and out.dim() == 2) else ref
+        errs[n] = float((out.float() - r).abs().max()) if out.numel() else 0.0
+        del out
+        t0 = time.perf_counter()
+        call()
+        one[n] = time.perf_counter() - t0
+    del ref
+    times = timing.interleave(calls, one, min(s.budget, 1.0), s.smoke)
+    unit, amount = _work(op, a, tokens, hidden, torch.finfo(s.dtype).bits // 8)
+    res = {"times": times, "errs": errs, "skips": skips, "fns": calls, "unit": unit,
+           "amount": amount}
+    _measured[key] = res
+    return res
+
+
+def test_kernel(benchmark, bench, timing, kernel_case):
+    op, tokens, hidden, impl = kernel_case
+    s = bench.s
+    key = (op, tokens, hidden)
+    impls = s.kernel_groups.get(key, [impl]) if hasattr(s, "kernel_groups") else [impl]
+    res = measure_group(bench, timing, key, impls)
+    if impl in res["skips"]:
+        pytest.skip(res["skips"][impl])
+    times = res["times"][impl]
 
     benchmark.group = f"{op} {tokens}x{hidden}"
     benchmark.name = f"{op}-{tokens}x{hidden}-{impl}"
-    benchmark.pedantic(call, rounds=rounds, iterations=1, warmup_rounds=warmup)
+    if not timing.record(benchmark, times):  # fallback: time this implementation alone
+        benchmark.pedantic(res["fns"][impl], rounds=max(len(times), 1), iterations=1,
+                           warmup_rounds=1)
 
-    unit, amount = _work(op, a, tokens, hidden, torch.finfo(s.dtype).bits // 8)
-    info = benchmark.extra_info
+    unit, amount = res["unit"], res["amount"]
+    err = res["errs"][impl]
     tol = TOL.get(s.dtype, 1e-2)
+    info = benchmark.extra_info
     info.update({"suite": "kernels", "op": op, "tokens": tokens, "hidden": hidden,
-                 "provider": impl, "is_bertfast": impl != BASELINE,
+                 "provider": impl, "is_bertfast": impl != BASELINE, "timing": "interleaved",
                  "device": bench.device_name, "dtype": str(s.dtype).replace("torch.", ""),
                  "unit": unit, "amount": amount, "parity_max_abs_err": err,
                  "parity_ok": bool(err <= tol), "parity_tol": tol})
@@ -237,10 +263,8 @@ def test_kernel(benchmark, bench, kernel_case):
     rate = amount / med / 1e9
     info.update({"median_s": med, "iqr_s": stats.stats.iqr, "rounds": stats.stats.rounds,
                  "gbps" if unit == "GB" else "gflops": rate})
-    if impl == BASELINE:
-        _baseline_medians[key] = med
-        info["ratios"] = {}
-    elif key in _baseline_medians:
-        info["ratios"] = {BASELINE: _baseline_medians[key] / med}
+    base = res["times"].get(BASELINE)
+    info["ratios"] = ({BASELINE: statistics.median(base) / med}
+                      if base and impl != BASELINE else {})
     if unit == "GFLOP" and not s.gpu:
         info["ceiling_share"] = rate / bench.ceiling
