@@ -26,7 +26,7 @@ import hashlib
 import os
 import time
 import warnings
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List
 
 import torch
 

@@ -17,7 +17,7 @@ import argparse
 import json
 import os
 import sys
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -114,9 +114,8 @@ def measure_workload(bench, timing, model, w, provs) -> dict:
     times = timing.interleave(calls, one, s.budget, s.smoke)
     gemm_times = times.pop(GEMM, None)
     ceiling_rounds = 2 * n_gemm ** 3 / statistics.median(gemm_times) / 1e9 if gemm_times else None
-    result = {"ceiling_rounds": ceiling_rounds, "times": times, "errs": errs, "peaks": peaks, "skips": skips, "probe": probe,
-              "load_avg": load_avg,
-              "real_tokens": batch.real_tokens}
+    result = {"times": times, "errs": errs, "peaks": peaks, "skips": skips,
+              "ceiling_rounds": ceiling_rounds, "probe": probe, "load_avg": load_avg}
     bench.measured[key] = result
     return result
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from bertfast.bench import ModelDims, make_batch, padding_lengths, ragged_lengths

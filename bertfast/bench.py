@@ -28,7 +28,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -509,7 +509,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         providers = [known[n] for n in wanted]
 
     ceiling = gemm_ceiling(args.device, dtype, budget_s=min(args.seconds, 1.0))
-    print(f"# bertfast bench: {os.path.basename(os.path.normpath(path))} on "
+    name = os.path.basename(os.path.normpath(path))
+    if name == "model":  # packaged checkpoints live in <package>/model
+        name = os.path.basename(os.path.dirname(os.path.normpath(path)))
+    print(f"# bertfast bench: {name} on "
           f"{device_name(args.device)}, {dtype}, {torch.get_num_threads()} threads; "
           f"GEMM ceiling {ceiling:.0f} GFLOP/s")
 
