@@ -56,6 +56,12 @@ void attention_varlen(int dtype, uintptr_t out, uintptr_t qkv, uintptr_t cu_seql
                         tokens, num_heads, hidden, static_cast<float>(scale), num_threads);
 }
 
+void linear_act(uintptr_t out, uintptr_t x, uintptr_t weight, uintptr_t bias, int64_t M,
+                int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads) {
+  cpu::linear_act(ptr(out), ptr(x), ptr(weight), ptr(bias), M, N, K, activation, allow_avx512,
+                  num_threads);
+}
+
 void pack_rows(uintptr_t out, uintptr_t x, uintptr_t indices, int64_t num_indices,
                int64_t src_rows, int64_t row_bytes, int num_threads) {
   cpu::pack_rows(ptr(out), ptr(x), ptr<const int64_t>(indices), num_indices, src_rows,
@@ -99,6 +105,12 @@ void register_cpu_ops(pybind11::module_& m) {
           py::arg("dtype"), py::arg("out"), py::arg("qkv"), py::arg("cu_seqlens"),
           py::arg("batch"), py::arg("tokens"), py::arg("num_heads"), py::arg("hidden"),
           py::arg("scale"), py::arg("num_threads"));
+  cpu.def("linear_act", &linear_act, release(),
+          "fp32 out[M, N] = act(x[M, K] @ weight[N, K]^T + bias); act -1 none, 0 gelu, 1 gelu_tanh, "
+          "2 relu; allow_avx512=False forces the AVX2 kernel",
+          py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("M"),
+          py::arg("N"), py::arg("K"), py::arg("activation"), py::arg("allow_avx512") = true,
+          py::arg("num_threads") = 1);
   cpu.def("pack_rows", &pack_rows, release(), "out[i] = x[indices[i]] (rows of row_bytes)",
           py::arg("out"), py::arg("x"), py::arg("indices"), py::arg("num_indices"),
           py::arg("src_rows"), py::arg("row_bytes"), py::arg("num_threads"));

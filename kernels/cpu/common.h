@@ -275,6 +275,10 @@ void attention_varlen(int dtype, void* out, const void* qkv, const int32_t* cu_s
                       int64_t batch, int64_t tokens, int64_t num_heads, int64_t hidden,
                       float scale, int num_threads);
 
+// gemm.cpp (fp32): out[M, N] = act(x[M, K] @ weight[N, K]^T + bias); activation -1 = none
+void linear_act(void* out, const void* x, const void* weight, const void* bias, int64_t M,
+                int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads);
+
 // pack.cpp
 void pack_rows(void* out, const void* x, const int64_t* indices, int64_t num_indices,
                int64_t src_rows, int64_t row_bytes, int num_threads);

@@ -336,6 +336,41 @@ def test_linear_gelu_is_matmul_plus_epilogue():
     assert _maxerr(ours, gold) < 5e-5
 
 
+@pytest.mark.parametrize("allow_avx512", [True, False], ids=["auto-isa", "avx2"])
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 33, 17), (65, 384, 1536), (130, 1536, 40),
+                                   (3, 0, 5), (200, 3000, 33)])
+@pytest.mark.parametrize("act", [-1, 0, 1, 2])
+def test_cpu_gemm_shapes_and_isas(allow_avx512, m, k, n, act):
+    # kernels/cpu/gemm.cpp directly: row / column tails, K = 0, long K (chunked sums),
+    # both the AVX-512 and the AVX2 micro-kernel (forced), every epilogue.
+    from bertfast import _C
+
+    g = _gen(14)
+    x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n)
+    out = torch.full((m, n), float("nan"))
+    _C.cpu.linear_act(out.data_ptr(), x.data_ptr(), w.data_ptr(), b.data_ptr(), m, n, k, act,
+                      allow_avx512, 2)
+    kind = {-1: None, 0: "gelu", 1: "gelu_tanh", 2: "relu"}[act]
+    lin = F.linear(x.double(), w.double(), b.double())
+    gold = lin if kind is None else reference.activation(lin, kind)
+    ref = F.linear(x, w, b)
+    ref = ref if kind is None else reference.activation(ref, kind)
+    assert _maxerr(out, gold) <= 2 * _maxerr(ref, gold) + 5e-5
+
+
+def test_linear_gelu_fp32_uses_fused_gemm_and_threads_agree():
+    g = _gen(15)
+    x, w, b = torch.randn(2, 70, 384, generator=g), torch.randn(1536, 384, generator=g), torch.randn(1536)
+    with _threads(1):
+        one = ops.linear_gelu(x, w, b, backend="cpu")
+    with _threads(2):
+        two = ops.linear_gelu(x, w, b, backend="cpu")
+    assert torch.equal(one, two)
+    # non-contiguous input and weight are accepted (made contiguous by the launcher)
+    wt = w.t().contiguous().t()
+    assert torch.equal(ops.linear_gelu(x, wt, b, backend="cpu"), one)
+
+
 # ---------------------------------------------------------------- dtype fallback
 def test_float64_falls_back_with_a_reason():
     x = torch.randn(4, 8, dtype=torch.float64)

@@ -1,0 +1,184 @@
+// linear_act: out[M, N] = act(x[M, K] @ w[N, K]^T + bias[N]), fp32, the FFN
+// up-projection with its bias + GELU epilogue fused (act may be "none").
+//
+// Layout: x row-major [M, K] (lda = K), w row-major [N, K] (torch's Linear weight),
+// out row-major [M, N]. w is packed per call into panels of NR columns,
+// [N / NR][K][NR] (zero-padded), so the micro-kernel reads it with unit stride;
+// packing costs N*K against M*N*K multiply-adds.
+//
+// Micro-kernel: MR rows x NR columns of accumulators held in registers (GCC/Clang
+// vector extensions, no intrinsics); per k one load of NR packed weights and MR
+// broadcasts of x. Two variants chosen at run time from the CPU:
+//   AVX-512 (x86-64-v4): MR = 8, NR = 32 (16 zmm accumulators)
+//   AVX2/FMA (baseline): MR = 4, NR = 16 (8 ymm accumulators)
+// (allow_avx512 = false forces the baseline, for tests.)
+// Threads: OpenMP static split over (block of MB rows, NR-column panel) tiles.
+#include <vector>
+
+#include "cpu/common.h"
+
+namespace bertfast {
+namespace cpu {
+namespace {
+
+typedef float v8g __attribute__((vector_size(32), aligned(4)));
+typedef float v16g __attribute__((vector_size(64), aligned(4)));
+
+constexpr int64_t MB = 64;  // rows per task
+constexpr int64_t KC = 64;  // reduction chunk summed in registers
+
+template <typename V>
+BF_INLINE V load_v(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));  // unaligned load
+  return v;
+}
+
+// One tile: rows [mb * MB, min(M, (mb + 1) * MB)) x the NR columns of panel p.
+template <typename V, int VL, int MR, int NV, int ACT>
+BF_INLINE void gemm_tile(const float* BF_RESTRICT x, const float* BF_RESTRICT packed,
+                         const float* BF_RESTRICT bias, float* BF_RESTRICT out, int64_t M,
+                         int64_t N, int64_t K, int64_t mb, int64_t p) {
+  constexpr int NR = VL * NV;
+  const float* BF_RESTRICT bp = packed + p * K * NR;
+  const int64_t n0 = p * NR;
+  const int64_t ncols = N - n0 < NR ? N - n0 : NR;
+  const int64_t m_end = (mb + 1) * MB < M ? (mb + 1) * MB : M;
+  for (int64_t i0 = mb * MB; i0 < m_end; i0 += MR) {
+    const int rows = static_cast<int>(m_end - i0 < MR ? m_end - i0 : MR);
+    const float* a[MR];
+    for (int r = 0; r < MR; ++r) a[r] = x + (i0 + (r < rows ? r : rows - 1)) * K;
+    // K is summed in chunks of KC in registers, chunk sums added into `total`:
+    // rounding error grows with KC + K / KC instead of K (BLAS-like accuracy).
+    alignas(64) float total[MR][NR] = {};
+    const float* BF_RESTRICT b = bp;
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+      const int64_t k1 = k0 + KC < K ? k0 + KC : K;
+      V acc[MR][NV];
+      for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+      for (int64_t k = k0; k < k1; ++k, b += NR) {
+        V bv[NV];
+        for (int v = 0; v < NV; ++v) bv[v] = load_v<V>(b + v * VL);
+        for (int r = 0; r < MR; ++r) {
+          const float av = a[r][k];
+          for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
+        }
+      }
+      for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v) {
+          V t = load_v<V>(&total[r][v * VL]) + acc[r][v];
+          std::memcpy(&total[r][v * VL], &t, sizeof(V));
+        }
+    }
+    // Epilogue: bias + activation, written for the valid rows / columns only.
+    for (int r = 0; r < rows; ++r) {
+      const float* tmp = total[r];
+      float* o = out + (i0 + r) * N + n0;
+      for (int64_t j = 0; j < ncols; ++j) {
+        const float y = tmp[j] + bias[n0 + j];
+        o[j] = ACT == kGeluErf ? gelu_erf(y) : ACT == kGeluTanh ? gelu_tanh(y)
+             : ACT == kRelu    ? relu(y)     : y;
+      }
+    }
+  }
+}
+
+template <int NR>
+void pack_weight(const float* w, float* packed, int64_t N, int64_t K, int num_threads) {
+  const int64_t panels = (N + NR - 1) / NR;
+  const int nt = threads_for(N * K, 1 << 16, num_threads);
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+  for (int64_t p = 0; p < panels; ++p) {
+    float* dst = packed + p * K * NR;
+    for (int c = 0; c < NR; ++c) {
+      const int64_t n = p * NR + c;
+      if (n < N) {
+        const float* src = w + n * K;
+        for (int64_t k = 0; k < K; ++k) dst[k * NR + c] = src[k];
+      } else {
+        for (int64_t k = 0; k < K; ++k) dst[k * NR + c] = 0.0f;
+      }
+    }
+  }
+}
+
+// Per-tile entry points, one per instruction set. The OpenMP loop stays outside
+// them (an outlined parallel region would not inherit the target attribute).
+template <int ACT>
+__attribute__((target("arch=x86-64-v4"))) __attribute__((noinline)) void tile_avx512(
+    const float* x, const float* packed, const float* bias, float* out, int64_t M, int64_t N,
+    int64_t K, int64_t mb, int64_t p) {
+  gemm_tile<v16g, 16, 8, 2, ACT>(x, packed, bias, out, M, N, K, mb, p);
+}
+
+template <int ACT>
+__attribute__((noinline)) void tile_avx2(const float* x, const float* packed, const float* bias,
+                                         float* out, int64_t M, int64_t N, int64_t K, int64_t mb,
+                                         int64_t p) {
+  gemm_tile<v8g, 8, 4, 2, ACT>(x, packed, bias, out, M, N, K, mb, p);
+}
+
+template <int ACT>
+void linear_typed(const float* x, const float* w, const float* bias, float* out, int64_t M,
+                  int64_t N, int64_t K, bool allow_avx512, int num_threads) {
+  std::vector<float> zeros;
+  if (!bias) {
+    zeros.assign(N, 0.0f);
+    bias = zeros.data();
+  }
+#if defined(__GNUC__) && defined(__x86_64__)
+  const bool avx512 = allow_avx512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+#else
+  const bool avx512 = false;
+#endif
+  const int NR = avx512 ? 32 : 16;
+  const int64_t panels = (N + NR - 1) / NR;
+  std::vector<float> packed(panels * NR * K);
+  if (avx512) {
+    pack_weight<32>(w, packed.data(), N, K, num_threads);
+  } else {
+    pack_weight<16>(w, packed.data(), N, K, num_threads);
+  }
+  const float* pk = packed.data();
+  const int64_t mblocks = (M + MB - 1) / MB;
+  const int64_t tiles = panels * mblocks;
+  const int nt = threads_for(M * N * K, 1 << 20, num_threads);
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t mb = t % mblocks, p = t / mblocks;  // neighbours share a weight panel
+    if (avx512) {
+      tile_avx512<ACT>(x, pk, bias, out, M, N, K, mb, p);
+    } else {
+      tile_avx2<ACT>(x, pk, bias, out, M, N, K, mb, p);
+    }
+  }
+}
+
+}  // namespace
+
+void linear_act(void* out, const void* x, const void* weight, const void* bias, int64_t M,
+                int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads) {
+  if (M <= 0 || N <= 0) return;
+  const float* xp = static_cast<const float*>(x);
+  const float* wp = static_cast<const float*>(weight);
+  const float* bp = static_cast<const float*>(bias);
+  float* op = static_cast<float*>(out);
+  switch (activation) {
+    case kGeluErf: linear_typed<kGeluErf>(xp, wp, bp, op, M, N, K, allow_avx512, num_threads); break;
+    case kGeluTanh: linear_typed<kGeluTanh>(xp, wp, bp, op, M, N, K, allow_avx512, num_threads); break;
+    case kRelu: linear_typed<kRelu>(xp, wp, bp, op, M, N, K, allow_avx512, num_threads); break;
+    case -1: linear_typed<-1>(xp, wp, bp, op, M, N, K, allow_avx512, num_threads); break;
+    default:
+      throw std::invalid_argument("bertfast cpu: unknown activation code " +
+                                  std::to_string(activation));
+  }
+}
+
+}  // namespace cpu
+}  // namespace bertfast
