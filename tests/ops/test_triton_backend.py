@@ -330,6 +330,91 @@ def test_pack_unpack_out_of_range_never_dereferenced():
     assert torch.equal(back, expect)
 
 
+# ------------------------------------------------------------------ GPU compile check
+_AOT_SCRIPT = r"""
+import os, sys
+os.environ.pop("TRITON_INTERPRET", None)  # real JIT functions, not interpreted ones
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from bertfast.ops.triton import attention, bias_act, layernorm, linear_act, pack
+
+PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
+       torch.int64: "*i64", torch.int32: "*i32", torch.uint8: "*u8"}
+
+def build(kernel, args, constexprs, cfg, cap):
+    while not isinstance(kernel, triton.runtime.jit.JITFunction):
+        kernel = kernel.fn  # through autotune / heuristics
+    sig = {}
+    for name in kernel.arg_names:
+        v = constexprs.get(name, args.get(name))
+        sig[name] = ("constexpr" if name in constexprs else PTR[v] if isinstance(v, torch.dtype)
+                     else "i32" if isinstance(v, int) else "fp32")
+    triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs),
+                   target=GPUTarget("cuda", cap, 32),
+                   options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+cap, dt = int(sys.argv[1]), getattr(torch, sys.argv[2])
+prec = "ieee" if dt == torch.float32 else "tf32"
+for varlen, has_mask, d in ((False, True, 80), (True, False, 64)):
+    cfg = attention._GPU_CONFIGS[0]
+    build(attention._attention_kernel,
+          dict(qkv_ptr=dt, mask_ptr=torch.int64 if has_mask else dt, out_ptr=dt,
+               cu_seqlens_ptr=torch.int32 if varlen else dt, padded_len=77, hidden=12 * d,
+               qk_scale=0.3, seq_bucket=128, qkv_batch_stride=77 * 36 * d,
+               qkv_token_stride=36 * d, out_batch_stride=77 * 12 * d, out_token_stride=12 * d,
+               mask_batch_stride=77, mask_token_stride=1),
+          dict(HEAD_DIM=d, IS_VARLEN=varlen, HAS_MASK=has_mask, DOT_PRECISION=prec,
+               BLOCK_D=triton.next_power_of_2(d), **cfg.kwargs), cfg, cap)
+for even_k in (True, False):
+    cfg = linear_act._GPU_CONFIGS[3]
+    build(linear_act._linear_act_kernel,
+          dict(x_ptr=dt, w_ptr=dt, bias_ptr=dt, out_ptr=dt, M=1000, N=1536, K=384, m_bucket=1024,
+               x_stride_m=384, x_stride_k=1, w_stride_n=384, w_stride_k=1, out_stride_m=1536),
+          dict(ACTIVATION=1, HAS_BIAS=True, DOT_PRECISION=prec, EVEN_K=even_k, **cfg.kwargs),
+          cfg, cap)
+ew = triton.Config({}, num_warps=8, num_stages=1)
+build(bias_act._bias_act_kernel, dict(x_ptr=dt, bias_ptr=dt, out_ptr=dt, n_rows=100,
+      n_cols=1500, x_row_stride=1500, out_row_stride=1500),
+      dict(ACTIVATION=0, HAS_BIAS=True, BLOCK_M=4, BLOCK_N=1024), ew, cap)
+build(layernorm._add_layernorm_kernel, dict(x_ptr=dt, residual_ptr=dt, bias_ptr=dt,
+      weight_ptr=dt, ln_bias_ptr=dt, out_ptr=dt, n_rows=100, n_cols=1023, x_row_stride=1023,
+      residual_row_stride=1023, out_row_stride=1023, eps=1e-12),
+      dict(HAS_BIAS=True, BLOCK_M=4, BLOCK_H=1024), ew, cap)
+build(layernorm._embed_layernorm_kernel, dict(input_ids_ptr=torch.int64,
+      position_ids_ptr=torch.int64, token_type_ids_ptr=torch.int32, word_ptr=dt, pos_ptr=dt,
+      type_ptr=dt, weight_ptr=dt, ln_bias_ptr=dt, out_ptr=dt, n_tokens=100, n_cols=1023,
+      vocab_size=30522, max_positions=512, type_vocab_size=2, word_row_stride=1023,
+      pos_row_stride=1023, type_row_stride=1023, out_row_stride=1023, eps=1e-12),
+      dict(HAS_TOKEN_TYPES=True, BLOCK_M=4, BLOCK_H=1024), ew, cap)
+build(pack._gather_rows_kernel, dict(x_ptr=dt, indices_ptr=torch.int64, out_ptr=dt, n_rows=100,
+      n_src_rows=200, n_cols=384, x_row_stride=384, out_row_stride=384),
+      dict(IS_FLOAT=True, BLOCK_M=8, BLOCK_N=512), ew, cap)
+build(pack._scatter_rows_kernel, dict(x_ptr=torch.uint8, indices_ptr=torch.int64,
+      out_ptr=torch.uint8, n_rows=100, n_dst_rows=200, n_cols=5, x_row_stride=5,
+      out_row_stride=5), dict(BLOCK_M=256, BLOCK_N=16), ew, cap)
+print("compiled")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cap,dtype", [(80, "float16"), (90, "bfloat16")])
+def test_kernels_compile_for_gpu(cap, dtype):
+    """Compile every kernel to a cubin for sm_80 / sm_90 without a GPU: catches what
+    the interpreter lets through (types, layouts, ptxas limits). Uses triton's
+    ahead-of-time compile API, which is not a stable interface: skipped if it moved."""
+    pytest.importorskip("triton")
+    try:
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"triton's compile API moved: {exc}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _AOT_SCRIPT, str(cap), dtype],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0 and "compiled" in res.stdout, res.stderr[-4000:]
+
+
 # ------------------------------------------------------------------ GPU only
 @pytest.mark.gpu
 def test_cuda_graph_capture():
