@@ -187,6 +187,13 @@ def targets(rows) -> str:
                          f"{r:.2f}x |")
         else:
             lines.append("| >= 2x transformers SDPA at 32x128 | not measured | - |")
+    loads = [r["load_avg_1min"] for r in rows if r.get("load_avg_1min") is not None]
+    thr = max((r.get("threads") or 0) for r in rows) if rows else 0
+    if loads and thr and max(loads) > 1.5 * thr:
+        lines += ["", f"Caveat: the 1-minute load average reached {max(loads):.1f} while the "
+                  f"providers ran on {thr} threads: the machine was shared, so absolute times "
+                  "and shares of the ceiling are depressed and the verdicts are provisional; "
+                  "rerun on a quiet machine to confirm."]
     wrong = sorted({r["name"] for r in rows if r.get("is_bertfast") and not r.get("parity_ok", True)})
     if wrong:
         lines += ["", f"**Parity failures (excluded from targets):** {', '.join(wrong)}"]
