@@ -62,6 +62,17 @@ void linear_act(uintptr_t out, uintptr_t x, uintptr_t weight, uintptr_t bias, in
                   num_threads);
 }
 
+void linear_pack(uintptr_t packed, uintptr_t weight, int64_t N, int64_t K, bool allow_avx512,
+                 int num_threads) {
+  cpu::linear_pack(ptr(packed), ptr(weight), N, K, allow_avx512, num_threads);
+}
+
+void linear_packed(uintptr_t out, uintptr_t x, uintptr_t packed, uintptr_t bias, int64_t M,
+                   int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads) {
+  cpu::linear_packed(ptr(out), ptr(x), ptr(packed), ptr(bias), M, N, K, activation,
+                     allow_avx512, num_threads);
+}
+
 void pack_rows(uintptr_t out, uintptr_t x, uintptr_t indices, int64_t num_indices,
                int64_t src_rows, int64_t row_bytes, int num_threads) {
   cpu::pack_rows(ptr(out), ptr(x), ptr<const int64_t>(indices), num_indices, src_rows,
@@ -110,6 +121,18 @@ void register_cpu_ops(pybind11::module_& m) {
           "2 relu; allow_avx512=False forces the AVX2 kernel",
           py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("M"),
           py::arg("N"), py::arg("K"), py::arg("activation"), py::arg("allow_avx512") = true,
+          py::arg("num_threads") = 1);
+  cpu.def("linear_panel_width", &cpu::linear_panel_width,
+          "columns per packed weight panel of the GEMM this CPU runs (32 AVX-512, 16 AVX2)",
+          py::arg("allow_avx512") = true);
+  cpu.def("linear_pack", &linear_pack, release(),
+          "pack weight [N, K] into ceil(N / panel_width) * panel_width * K floats",
+          py::arg("packed"), py::arg("weight"), py::arg("N"), py::arg("K"),
+          py::arg("allow_avx512") = true, py::arg("num_threads") = 1);
+  cpu.def("linear_packed", &linear_packed, release(),
+          "linear_act with a weight packed by linear_pack (same allow_avx512)", py::arg("out"),
+          py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("M"), py::arg("N"),
+          py::arg("K"), py::arg("activation"), py::arg("allow_avx512") = true,
           py::arg("num_threads") = 1);
   cpu.def("pack_rows", &pack_rows, release(), "out[i] = x[indices[i]] (rows of row_bytes)",
           py::arg("out"), py::arg("x"), py::arg("indices"), py::arg("num_indices"),

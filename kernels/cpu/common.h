@@ -275,7 +275,13 @@ void attention_varlen(int dtype, void* out, const void* qkv, const int32_t* cu_s
                       int64_t batch, int64_t tokens, int64_t num_heads, int64_t hidden,
                       float scale, int num_threads);
 
-// gemm.cpp (fp32): out[M, N] = act(x[M, K] @ weight[N, K]^T + bias); activation -1 = none
+// gemm.cpp (fp32): out[M, N] = act(x[M, K] @ weight[N, K]^T + bias); activation -1 = none.
+// packed holds ceil(N / panel_width) * panel_width * K floats.
+int linear_panel_width(bool allow_avx512);
+void linear_pack(void* packed, const void* weight, int64_t N, int64_t K, bool allow_avx512,
+                 int num_threads);
+void linear_packed(void* out, const void* x, const void* packed, const void* bias, int64_t M,
+                   int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads);
 void linear_act(void* out, const void* x, const void* weight, const void* bias, int64_t M,
                 int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads);
 

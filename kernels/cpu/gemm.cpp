@@ -2,9 +2,10 @@
 // up-projection with its bias + GELU epilogue fused (act may be "none").
 //
 // Layout: x row-major [M, K] (lda = K), w row-major [N, K] (torch's Linear weight),
-// out row-major [M, N]. w is packed per call into panels of NR columns,
-// [N / NR][K][NR] (zero-padded), so the micro-kernel reads it with unit stride;
-// packing costs N*K against M*N*K multiply-adds.
+// out row-major [M, N]. w is packed into panels of NR columns, [N / NR][K][NR]
+// (zero-padded), so the micro-kernel reads it with unit stride: linear_pack once
+// per weight (bertfast/ops/cpu.py caches it), then linear_packed per call;
+// linear_act packs and multiplies in one go.
 //
 // Micro-kernel: MR rows x NR columns of accumulators held in registers (GCC/Clang
 // vector extensions, no intrinsics); per k one load of NR packed weights and MR
@@ -121,29 +122,27 @@ __attribute__((noinline)) void tile_avx2(const float* x, const float* packed, co
   gemm_tile<v8g, 8, 4, 2, ACT>(x, packed, bias, out, M, N, K, mb, p);
 }
 
+bool use_avx512(bool allow_avx512) {
+#if defined(__GNUC__) && defined(__x86_64__)
+  return allow_avx512 && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw");
+#else
+  (void)allow_avx512;
+  return false;
+#endif
+}
+
 template <int ACT>
-void linear_typed(const float* x, const float* w, const float* bias, float* out, int64_t M,
-                  int64_t N, int64_t K, bool allow_avx512, int num_threads) {
+void gemm_packed(const float* x, const float* pk, const float* bias, float* out, int64_t M,
+                 int64_t N, int64_t K, bool avx512, int num_threads) {
   std::vector<float> zeros;
   if (!bias) {
     zeros.assign(N, 0.0f);
     bias = zeros.data();
   }
-#if defined(__GNUC__) && defined(__x86_64__)
-  const bool avx512 = allow_avx512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
-#else
-  const bool avx512 = false;
-#endif
   const int NR = avx512 ? 32 : 16;
   const int64_t panels = (N + NR - 1) / NR;
-  std::vector<float> packed(panels * NR * K);
-  if (avx512) {
-    pack_weight<32>(w, packed.data(), N, K, num_threads);
-  } else {
-    pack_weight<16>(w, packed.data(), N, K, num_threads);
-  }
-  const float* pk = packed.data();
   const int64_t mblocks = (M + MB - 1) / MB;
   const int64_t tiles = panels * mblocks;
   const int nt = threads_for(M * N * K, 1 << 20, num_threads);
@@ -162,22 +161,46 @@ void linear_typed(const float* x, const float* w, const float* bias, float* out,
 
 }  // namespace
 
-void linear_act(void* out, const void* x, const void* weight, const void* bias, int64_t M,
-                int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads) {
+int linear_panel_width(bool allow_avx512) { return use_avx512(allow_avx512) ? 32 : 16; }
+
+void linear_pack(void* packed, const void* weight, int64_t N, int64_t K, bool allow_avx512,
+                 int num_threads) {
+  if (N <= 0 || K <= 0) return;
+  if (use_avx512(allow_avx512)) {
+    pack_weight<32>(static_cast<const float*>(weight), static_cast<float*>(packed), N, K,
+                    num_threads);
+  } else {
+    pack_weight<16>(static_cast<const float*>(weight), static_cast<float*>(packed), N, K,
+                    num_threads);
+  }
+}
+
+void linear_packed(void* out, const void* x, const void* packed, const void* bias, int64_t M,
+                   int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads) {
   if (M <= 0 || N <= 0) return;
   const float* xp = static_cast<const float*>(x);
-  const float* wp = static_cast<const float*>(weight);
+  const float* pk = static_cast<const float*>(packed);
   const float* bp = static_cast<const float*>(bias);
   float* op = static_cast<float*>(out);
+  const bool avx512 = use_avx512(allow_avx512);
   switch (activation) {
-    case kGeluErf: linear_typed<kGeluErf>(xp, wp, bp, op, M, N, K, allow_avx512, num_threads); break;
-    case kGeluTanh: linear_typed<kGeluTanh>(xp, wp, bp, op, M, N, K, allow_avx512, num_threads); break;
-    case kRelu: linear_typed<kRelu>(xp, wp, bp, op, M, N, K, allow_avx512, num_threads); break;
-    case -1: linear_typed<-1>(xp, wp, bp, op, M, N, K, allow_avx512, num_threads); break;
+    case kGeluErf: gemm_packed<kGeluErf>(xp, pk, bp, op, M, N, K, avx512, num_threads); break;
+    case kGeluTanh: gemm_packed<kGeluTanh>(xp, pk, bp, op, M, N, K, avx512, num_threads); break;
+    case kRelu: gemm_packed<kRelu>(xp, pk, bp, op, M, N, K, avx512, num_threads); break;
+    case -1: gemm_packed<-1>(xp, pk, bp, op, M, N, K, avx512, num_threads); break;
     default:
       throw std::invalid_argument("bertfast cpu: unknown activation code " +
                                   std::to_string(activation));
   }
+}
+
+void linear_act(void* out, const void* x, const void* weight, const void* bias, int64_t M,
+                int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads) {
+  if (M <= 0 || N <= 0) return;
+  const int NR = linear_panel_width(allow_avx512);
+  std::vector<float> packed(((N + NR - 1) / NR) * NR * (K > 0 ? K : 0));
+  linear_pack(packed.data(), weight, N, K, allow_avx512, num_threads);
+  linear_packed(out, x, packed.data(), bias, M, N, K, activation, allow_avx512, num_threads);
 }
 
 }  // namespace cpu

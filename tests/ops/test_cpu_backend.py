@@ -371,6 +371,23 @@ def test_linear_gelu_fp32_uses_fused_gemm_and_threads_agree():
     assert torch.equal(ops.linear_gelu(x, wt, b, backend="cpu"), one)
 
 
+def test_packed_weight_cache_follows_in_place_updates_and_frees():
+    import gc
+
+    from bertfast.ops import cpu as cpu_mod
+
+    g = _gen(16)
+    x, w = torch.randn(9, 48, generator=g), torch.randn(70, 48, generator=g)
+    first = cpu_mod.linear(x, w)
+    assert id(w) in cpu_mod._pack_cache
+    w.mul_(-2)  # in place: version counter moves, the packed copy must be rebuilt
+    torch.testing.assert_close(cpu_mod.linear(x, w), -2 * first, rtol=1e-5, atol=1e-5)
+    ident = id(w)
+    del w
+    gc.collect()
+    assert ident not in cpu_mod._pack_cache
+
+
 # ---------------------------------------------------------------- dtype fallback
 def test_float64_falls_back_with_a_reason():
     x = torch.randn(4, 8, dtype=torch.float64)
