@@ -91,30 +91,48 @@ def test_check_fails_with_exit_1(monkeypatch, capsys, tmp_path):
 
 
 def test_user_errors(tmp_path):
+    # A real process: one message, status 2, no traceback.
     texts = tmp_path / "texts.txt"
     texts.write_text("hello\n", encoding="utf-8")
     out = tmp_path / "out.npy"
     assert_user_error(run("encode", "--input", tmp_path / "missing.txt", "--output", out,
                           cwd=tmp_path), "missing.txt", "does not exist")
-    assert_user_error(run("encode", tmp_path / "no_such_ckpt", "--input", texts, "--output", out,
-                          cwd=tmp_path), "no_such_ckpt", "does not exist")
-    assert_user_error(run("encode", tmp_path, "--input", texts, "--output", out, cwd=tmp_path),
-                      "config.json")
-    assert_user_error(run("encode", "--input", texts, "--output", tmp_path / "out.txt",
-                          cwd=tmp_path), ".npy")
-    assert_user_error(run("encode", "--input", texts, "--output", tmp_path / "nodir" / "o.npy",
-                          cwd=tmp_path), "does not exist")
-    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\xfa not utf-8")
-    assert_user_error(run("encode", "--input", tmp_path / "bad.txt", "--output", out,
-                          cwd=tmp_path), "UTF-8")
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    result = run("check", broken, cwd=tmp_path)
-    assert_user_error(result, "broken")
-    # argparse's own errors use status 2 as well
-    assert run("encode", cwd=tmp_path).returncode == 2
-    assert run("frobnicate", cwd=tmp_path).returncode == 2
+    assert_user_error(run("check", broken, cwd=tmp_path), "broken")
+    assert run("frobnicate", cwd=tmp_path).returncode == 2  # argparse's own errors
+
+
+class _Result:
+    def __init__(self, returncode, stderr):
+        self.returncode, self.stderr, self.stdout = returncode, stderr, ""
+
+
+def test_more_user_errors_in_process(tmp_path, capsys):
+    # The same checks as above, in process to keep the suite fast.
+    def main(*args):
+        code = cli.main([str(a) for a in args])
+        return _Result(code, capsys.readouterr().err)
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("hello\n", encoding="utf-8")
+    out = tmp_path / "out.npy"
+    assert_user_error(main("encode", tmp_path / "no_such_ckpt", "--input", texts, "--output", out),
+                      "no_such_ckpt", "does not exist")
+    assert_user_error(main("encode", tmp_path, "--input", texts, "--output", out), "config.json")
+    assert_user_error(main("encode", texts, "--input", texts, "--output", out), "not a folder")
+    assert_user_error(main("encode", "--input", texts, "--output", tmp_path / "out.txt"), ".npy")
+    assert_user_error(main("encode", "--input", texts, "--output", tmp_path / "nodir" / "o.npy"),
+                      "does not exist")
+    assert_user_error(main("encode", "--input", tmp_path, "--output", out), "folder")
+    assert_user_error(main("encode", "--input", texts, "--output", out, "--batch-size", 0),
+                      "--batch-size")
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\xfa not utf-8")
+    assert_user_error(main("encode", "--input", tmp_path / "bad.txt", "--output", out), "UTF-8")
+    (tmp_path / "empty.txt").write_text("")
+    assert_user_error(main("check", "--input", tmp_path / "empty.txt"), "empty")
+    assert not out.exists()
 
 
 def test_missing_default_checkpoint_message(monkeypatch, capsys):
