@@ -96,8 +96,14 @@ def _attention_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    # query blocks past the end of the sequence skip the loop (and store nothing)
-    kv_end = tl.where(start_m * BLOCK_M < seq_len, seq_len, 0)
+    # query blocks past the end of the sequence skip the loop (and store nothing);
+    # blocks whose queries are all padding skip it too (and store zeros)
+    has_work = start_m * BLOCK_M < seq_len
+    if HAS_MASK:
+        query_mask = tl.load(mask_ptr + seq.to(tl.int64) * mask_batch_stride
+                             + offs_m * mask_token_stride, mask=is_q, other=0) != 0
+        has_work = has_work & (tl.max(query_mask.to(tl.int32), axis=0) > 0)
+    kv_end = tl.where(has_work, seq_len, 0)
     for start_n in range(0, kv_end, BLOCK_N):
         cols = start_n + offs_n
         is_k = cols < seq_len
@@ -121,9 +127,7 @@ def _attention_kernel(
 
     is_row = l_i > 0.0
     if HAS_MASK:
-        query_mask = tl.load(mask_ptr + seq.to(tl.int64) * mask_batch_stride
-                             + offs_m * mask_token_stride, mask=is_q, other=0)
-        is_row = is_row & (query_mask != 0)
+        is_row = is_row & query_mask
     out = acc / tl.where(is_row, l_i, 1.0)[:, None]
     out = tl.where(is_row[:, None], out, 0.0)
     out_rows = (seq_start + offs_m).to(tl.int64) * out_token_stride
