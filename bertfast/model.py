@@ -11,9 +11,9 @@ Forward pass (``H`` hidden, ``T`` real tokens of the batch):
 3. ``info = ops.pack_info(attention_mask)``; ids, positions and token types are
    gathered to ``[T]`` with ``ops.pack_tokens``;
 4. ``ops.embed_layernorm`` on the packed tokens, then the ALBERT/ELECTRA projection;
-5. per layer: ``qkv = F.linear(h, Wqkv, bqkv)``, ``ops.attention_varlen``,
-   ``F.linear`` (output projection, bias folded into) ``ops.add_layernorm``,
-   ``ops.linear_gelu`` (FFN up + activation), ``F.linear`` + ``ops.add_layernorm``;
+5. per layer: ``qkv = ops.linear(h, Wqkv, bqkv)``, ``ops.attention_varlen``,
+   ``ops.linear`` (output projection, bias folded into) ``ops.add_layernorm``,
+   ``ops.linear_gelu`` (FFN up + activation), ``ops.linear`` + ``ops.add_layernorm``;
    ALBERT runs its shared layers by ``EncoderConfig.layer_schedule()``;
 6. heads on packed tokens / first real tokens; ``ops.unpack_tokens`` scatters
    ``[T, ...]`` back to ``[B, S, ...]`` only at the end.
@@ -247,7 +247,7 @@ class BertfastModel(nn.Module):
                                 emb.ln.weight, emb.ln.bias, cfg.layer_norm_eps,
                                 backend=self.backend)
         if cfg.has_projection:
-            h = F.linear(h, emb.project.weight, emb.project.bias)
+            h = ops.linear(h, emb.project.weight, emb.project.bias, backend=self.backend)
         return h
 
     def _layers(self, h, attend, states=None):
@@ -259,13 +259,13 @@ class BertfastModel(nn.Module):
         layers = self.layers._modules
         for idx in cfg.layer_schedule():
             L = layers[str(idx)]
-            qkv = F.linear(h, L.qkv.weight, L.qkv.bias)
+            qkv = ops.linear(h, L.qkv.weight, L.qkv.bias, backend=be)
             ctx = attend(qkv)
-            a = F.linear(ctx, L.attn_out.weight)
+            a = ops.linear(ctx, L.attn_out.weight, None, backend=be)
             h = ops.add_layernorm(a, h, L.attn_out.bias, L.attn_ln.weight, L.attn_ln.bias, eps,
                                   backend=be)
             f = ops.linear_gelu(h, L.ffn_in.weight, L.ffn_in.bias, cfg.hidden_act, backend=be)
-            o = F.linear(f, L.ffn_out.weight)
+            o = ops.linear(f, L.ffn_out.weight, None, backend=be)
             h = ops.add_layernorm(o, h, L.ffn_out.bias, L.ffn_ln.weight, L.ffn_ln.bias, eps,
                                   backend=be)
             if states is not None:

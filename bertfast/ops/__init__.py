@@ -15,6 +15,9 @@ position_embeddings[P,E], token_type_embeddings?[Tt,E], weight[E], bias[E], eps)
     LayerNorm((x + bias) + residual).
 ``bias_gelu(x[...,N], bias?[N], activation)`` / ``bias_gelu_`` (in place)
     activation(x + bias); activation is "gelu" (erf), "gelu_tanh" or "relu".
+``linear(x[...,K], weight[N,K], bias?[N])``
+    x @ weight.T + bias, for projections with nothing to fuse; backends whose own
+    GEMM beats the framework's (the C++ one on CPU) take it, others call F.linear.
 ``linear_gelu(x[...,K], weight[N,K], bias?[N], activation)``
     activation(x @ weight.T + bias): the FFN up-projection with its epilogue.
 ``attention(qkv[B,S,3H], attention_mask?[B,S], num_heads, scale)``
@@ -44,6 +47,7 @@ __all__ = [
     "add_layernorm",
     "bias_gelu",
     "bias_gelu_",
+    "linear",
     "linear_gelu",
     "attention",
     "attention_varlen",
@@ -188,6 +192,22 @@ def bias_gelu_(x, bias=None, activation: str = "gelu", backend: str = "auto") ->
     """In place; returns ``x``."""
     _bias_gelu_.run(x, bias, activation, backend)
     return x
+
+
+# ---------------------------------------------------------------- linear
+@_op("linear", ())
+def _linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], backend: str) -> Tensor:
+    checks.linear(x, weight, bias)
+    return _run("linear", backend, x, x, weight, bias)
+
+
+@_linear.register_fake
+def _(x, weight, *rest):
+    return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],))
+
+
+def linear(x, weight, bias=None, backend: str = "auto") -> Tensor:
+    return _linear.run(x, weight, bias, backend)
 
 
 # ---------------------------------------------------------------- linear_gelu

@@ -133,6 +133,14 @@ def bias_gelu(x, bias, act):
     activation(op, act)
 
 
+def linear(x, weight, bias, op="linear"):
+    float_tensor(op, "x", x)
+    float_tensor(op, "weight", weight, x.dtype, x.device, 2)
+    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        _fail(op, f"x shape {tuple(x.shape)} does not match weight shape {tuple(weight.shape)}")
+    vector(op, "bias", bias, weight.shape[0], x)
+
+
 def linear_gelu(x, weight, bias, act):
     op = "linear_gelu"
     float_tensor(op, "x", x)

@@ -11,6 +11,7 @@ the C++ GEMM with bias + activation fused in its epilogue; in fp16 / bf16 it is
 """
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from typing import Optional
@@ -158,8 +159,21 @@ def _packed_weight(weight: Tensor) -> Tensor:
     return packed
 
 
+#: ``BERTFAST_CPU_GEMM=torch`` sends fp32 GEMMs to torch instead of the C++ GEMM,
+#: trading speed for memory: the C++ GEMM keeps a packed copy of each weight it has
+#: multiplied with (``_pack_cache``), i.e. one more copy of the linear weights.
+_OWN_GEMM = os.environ.get("BERTFAST_CPU_GEMM", "own").strip().lower() != "torch"
+
+
+def linear_op(x, weight, bias):
+    """The ``linear`` op: fp32 on the C++ GEMM, other dtypes on torch's."""
+    if x.dtype == torch.float32 and _OWN_GEMM:
+        return linear(x, weight, bias, None)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 def linear_gelu(x, weight, bias, act):
-    if x.dtype == torch.float32:  # own GEMM, bias + activation fused in its epilogue
+    if x.dtype == torch.float32 and _OWN_GEMM:  # own GEMM, bias + act in its epilogue
         return linear(x, weight, bias, act)
     # fp16 / bf16: torch's GEMM, then the bias + activation epilogue in place.
     y = torch.matmul(x, weight.t())
@@ -263,6 +277,7 @@ BACKEND = Backend(
     name="cpu",
     device_types=("cpu",),
     ops={
+        "linear": linear_op,
         "embed_layernorm": embed_layernorm,
         "add_layernorm": add_layernorm,
         "bias_gelu": bias_gelu,

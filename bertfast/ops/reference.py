@@ -80,6 +80,12 @@ def bias_gelu_(x: torch.Tensor, bias: Optional[torch.Tensor], act: str) -> None:
     x.copy_(bias_gelu(x, bias, act))
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x @ weight.T + bias: a projection with nothing to fuse (QKV, attention output,
+    FFN down-projection). Backends whose own GEMM beats the framework's register it."""
+    return F.linear(x, weight, bias)
+
+
 def linear_gelu(
     x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], act: str
 ) -> torch.Tensor:
@@ -167,6 +173,7 @@ BACKEND = Backend(
         "add_layernorm": add_layernorm,
         "bias_gelu": bias_gelu,
         "bias_gelu_": bias_gelu_,
+        "linear": linear,
         "linear_gelu": linear_gelu,
         "attention": attention,
         "attention_varlen": attention_varlen,

@@ -1,4 +1,4 @@
-"""bias_gelu (out of place and in place) and linear_gelu against the reference."""
+"""bias_gelu (out of place and in place), linear_gelu and linear against the reference."""
 import pytest
 import torch
 
@@ -58,3 +58,27 @@ def test_linear_gelu_batched_no_bias(backend):
     weight = torch.randn(200, 96) / 10
     out = assert_parity("linear_gelu", backend, (x, weight, None, "gelu"), torch.float32)
     assert out.shape == (2, 5, 200)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,k,n", [(7, 96, 288), (64, 384, 384), (1, 33, 17), (5, 1536, 384)])
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_linear(backend, dtype, m, k, n, has_bias):
+    x = torch.randn(m, k)
+    weight = torch.randn(n, k) / k ** 0.5
+    bias = torch.randn(n) if has_bias else None
+    assert_parity("linear", backend, (x, weight, bias), dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linear_follows_inplace_weight_updates(backend):
+    """A backend that caches a packed copy of the weight must notice in-place edits."""
+    device = device_for(backend)
+    x = torch.randn(4, 64, device=device)
+    weight = torch.randn(32, 64, device=device)
+    first = run_backend("linear", backend, (x, weight, None))
+    with torch.no_grad():
+        weight.mul_(2)
+    second = run_backend("linear", backend, (x, weight, None))
+    torch.testing.assert_close(second, 2 * first, atol=1e-4, rtol=1e-5)

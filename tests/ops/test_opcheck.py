@@ -21,6 +21,7 @@ def _cases():
                             1e-12)
     yield "bias_gelu", (x, torch.randn(H), "gelu")
     yield "bias_gelu_", (x.clone(), torch.randn(H), "gelu_tanh")
+    yield "linear", (x, torch.randn(200, H), torch.randn(200))
     yield "linear_gelu", (x, torch.randn(200, H), torch.randn(200), "gelu")
     yield "attention", (torch.randn(2, 4, 3 * H), mask, heads, 0.2)
     yield "attention_varlen", (torch.randn(7, 3 * H), torch.tensor([0, 3, 7], dtype=torch.int32),

@@ -144,6 +144,8 @@ BACKEND = Backend(
     name="triton",
     device_types=("cuda", "cpu"),
     ops={
+        # A projection with nothing to fuse stays with the framework GEMM (cuBLAS).
+        "linear": torch.nn.functional.linear,
         "embed_layernorm": _lazy("layernorm", "embed_layernorm"),
         "add_layernorm": _lazy("layernorm", "add_layernorm"),
         "bias_gelu": _lazy("bias_act", "bias_gelu"),
@@ -155,6 +157,7 @@ BACKEND = Backend(
         "unpack_tokens": _lazy("pack", "unpack_tokens"),
     },
     supports={
+        "linear": _supports_float,
         "embed_layernorm": _supports_embed_layernorm,
         "add_layernorm": _supports_add_layernorm,
         "bias_gelu": _supports_float,
