@@ -312,9 +312,17 @@ def build(rows, machine) -> str:
         probes = [r["probe_gflops"] for r in e2e if r.get("probe_gflops")]
         thr = e2e[0].get("threads")
         parts.append(f"- dtype {e2e[0].get('dtype')}" + (f", {thr} threads" if thr else "")
-                     + (f"; GEMM ceiling (2048^3 torch.mm, timed inside each workload's "
+                     + (f"; GEMM ceiling (best 2048^3 GEMM, timed inside each workload's "
                         f"rounds): {min(ceils):.0f}..{ceil:.0f} GFLOP/s; `% GEMM` uses the "
                         "ceiling of the row's own workload" if ceil else ""))
+        by_impl = {}
+        for r in e2e:
+            for k, v in (r.get("gemm_gflops_by_impl") or {}).items():
+                by_impl.setdefault(k, []).append(v)
+        if by_impl:
+            parts.append("- 2048^3 GEMM per implementation (median over workloads): " + ", ".join(
+                f"{k} {sorted(v)[len(v) // 2]:.0f} GFLOP/s" for k, v in by_impl.items())
+                + "; the ceiling is the best of them")
         loads = [r["load_avg_1min"] for r in e2e if r.get("load_avg_1min") is not None]
         if loads:
             parts.append(f"- 1-minute load average during the run: {min(loads):.1f}..{max(loads):.1f}"

@@ -5,11 +5,11 @@ Shapes: tokens in 128..16384 x hidden in (384, 768, 1024); attention runs sequen
 128 tokens (``tokens / 128`` of them) with ``hidden / 64`` heads; ``attention_varlen``
 runs log-normal ragged lengths (mean 64, max 128) totalling about ``tokens`` against
 padded SDPA over the same batch; ``linear_gelu`` and ``bias_gelu`` use the FFN width
-``4 * hidden``.
+``4 * hidden``; ``linear`` is the fused QKV projection (``3 * hidden`` outputs).
 
 Per case ``extra_info`` holds ``gbps`` (memory-bound ops: embed_layernorm,
 add_layernorm, bias_gelu; minimal bytes: every input read once, output written once,
-small tables and vectors ignored) or ``gflops`` (linear_gelu, attention: useful FLOPs,
+small tables and vectors ignored) or ``gflops`` (linear, linear_gelu, attention: useful FLOPs,
 real tokens only), ``ratios`` (speedup over the PyTorch baseline timed in the same rounds),
 and ``parity_max_abs_err`` against that baseline. Implementations of one case are timed
 interleaved, round by round (``conftest.interleave``), like the end-to-end suite.
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from bertfast.bench import bertfast_backends, ragged_lengths, synchronize
 
-OPS = ("embed_layernorm", "add_layernorm", "bias_gelu", "linear_gelu", "attention",
+OPS = ("embed_layernorm", "add_layernorm", "bias_gelu", "linear", "linear_gelu", "attention",
        "attention_varlen")
 MEMORY_BOUND = ("embed_layernorm", "add_layernorm", "bias_gelu")
 BASELINE = "pytorch"
@@ -80,6 +80,9 @@ def _inputs(op: str, tokens: int, hidden: int, device, dtype) -> Dict[str, objec
                     weight=rand(H).abs() + 0.5, ln_bias=rand(H, scale=0.1))
     if op == "bias_gelu":
         return dict(x=rand(tokens, 4 * H), bias=rand(4 * H, scale=0.1))
+    if op == "linear":  # the fused QKV projection
+        return dict(x=rand(tokens, H), weight=rand(3 * H, H, scale=H ** -0.5),
+                    bias=rand(3 * H, scale=0.1))
     if op == "linear_gelu":
         return dict(x=rand(tokens, H), weight=rand(4 * H, H, scale=H ** -0.5),
                     bias=rand(4 * H, scale=0.1))
@@ -129,6 +132,8 @@ def _pytorch(op: str, a: Dict[str, object]) -> Callable[[], torch.Tensor]:
                                     a["weight"], a["ln_bias"], 1e-12)
     if op == "bias_gelu":
         return lambda: F.gelu(a["x"] + a["bias"])
+    if op == "linear":
+        return lambda: F.linear(a["x"], a["weight"], a["bias"])
     if op == "linear_gelu":
         return lambda: F.gelu(F.linear(a["x"], a["weight"], a["bias"]))
     if op == "attention":
@@ -151,6 +156,8 @@ def _bertfast(op: str, a: Dict[str, object], backend: str) -> Callable[[], torch
                                          a["ln_bias"], 1e-12, backend=backend)
     if op == "bias_gelu":
         return lambda: ops.bias_gelu(a["x"], a["bias"], "gelu", backend=backend)
+    if op == "linear":
+        return lambda: ops.linear(a["x"], a["weight"], a["bias"], backend=backend)
     if op == "linear_gelu":
         return lambda: ops.linear_gelu(a["x"], a["weight"], a["bias"], "gelu", backend=backend)
     if op == "attention":
@@ -171,6 +178,8 @@ def _work(op: str, a: Dict[str, object], tokens: int, hidden: int, elt: int) -> 
         return "GB", 3 * tokens * H * elt
     if op == "bias_gelu":
         return "GB", 2 * tokens * 4 * H * elt
+    if op == "linear":
+        return "GFLOP", 2 * tokens * H * 3 * H
     if op == "linear_gelu":
         return "GFLOP", 2 * tokens * H * 4 * H
     return "GFLOP", sum(4 * n * n * H for n in a["lengths"])
