@@ -178,6 +178,30 @@ def _read_pooling(file: Path) -> Tuple[str, ...]:
     return tuple(m for m in POOLING_MODES if m in modes)
 
 
+def token_budget_batches(lengths: Sequence[int], order: Sequence[int], batch_size: int,
+                         max_tokens: Optional[int]) -> List[List[int]]:
+    """Cut ``order`` (sorted longest first, ``lengths`` in the same order) into
+    batches of at most ``batch_size`` items and ``max_tokens`` padded tokens (items x
+    the batch's first, i.e. longest, length). A single item longer than the budget
+    still forms its own batch."""
+    batches: List[List[int]] = []
+    current: List[int] = []
+    longest = 0
+    for length, item in zip(lengths, order):
+        if current:
+            full = len(current) >= batch_size
+            over = max_tokens is not None and (len(current) + 1) * longest > max_tokens
+            if full or over:
+                batches.append(current)
+                current = []
+        if not current:
+            longest = max(int(length), 1)
+        current.append(item)
+    if current:
+        batches.append(current)
+    return batches
+
+
 def _check_texts(texts) -> Tuple[List[str], bool]:
     """Returns (list of texts, whether the input was a single string)."""
     if isinstance(texts, str):
@@ -269,7 +293,7 @@ class Embedder:
 
     def encode(self, texts: Union[str, Sequence[str]], batch_size: int = 32,
                normalize: Optional[bool] = None, convert_to: str = "numpy",
-               show_progress: Optional[bool] = None):
+               show_progress: Optional[bool] = None, max_tokens: Optional[int] = 16384):
         """Sentence vectors, fp32, in input order.
 
         ``texts``: a string (-> one vector ``[dim]``) or a sequence of strings
@@ -279,12 +303,17 @@ class Embedder:
         model's device). ``show_progress=None`` shows a bar from
         ``PROGRESS_MIN_TEXTS`` texts on.
 
-        Texts are sorted by token count and batched, so each batch pads little.
+        Texts are sorted by token count (longest first) and cut into batches of at
+        most ``batch_size`` texts and at most ``max_tokens`` padded tokens (rows x
+        longest row; None: no token budget), so each batch pads little and a batch
+        of long texts holds fewer of them; vectors come back in input order.
         """
         if convert_to not in ("numpy", "torch"):
             raise ValueError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise ValueError(f"max_tokens must be a positive integer or None, not {max_tokens!r}")
         texts, single = _check_texts(texts)
         normalize = self.normalize if normalize is None else bool(normalize)
         if show_progress is None:
@@ -299,8 +328,8 @@ class Embedder:
 
         with tqdm(total=len(items), disable=not show_progress, unit="text",
                   desc="encoding", dynamic_ncols=True) as bar:
-            for start in range(0, len(order), batch_size):
-                index = order[start:start + batch_size]
+            for index in token_budget_batches([len(items[i][0]) for i in order], order,
+                                              batch_size, max_tokens):
                 batch = self.tokenizer.collate([items[i] for i in index])
                 vectors = self.embed_batch(batch)
                 if normalize:

@@ -321,3 +321,26 @@ def test_family_without_token_types(tmp_path):
     with torch.no_grad():
         hidden = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     torch.testing.assert_close(got, _by_hand(hidden, batch["attention_mask"], "mean"), rtol=0, atol=1e-4)
+
+
+def test_token_budget_batches():
+    from bertfast.embedder import token_budget_batches
+
+    lengths = [100, 90, 50, 50, 10, 10, 10, 3]
+    order = list(range(8))
+    # budget 200 padded tokens: 100x2, then 50x2 (+ another 50 would be 150 ok, +10 too)
+    assert token_budget_batches(lengths, order, 32, 200) == [[0, 1], [2, 3, 4, 5], [6, 7]]
+    assert token_budget_batches(lengths, order, 3, None) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    # one text longer than the budget still runs, alone
+    assert token_budget_batches([500, 5], [1, 0], 32, 100) == [[1], [0]]
+    assert sum(token_budget_batches(lengths, order, 1, 10), []) == order
+
+
+def test_encode_token_budget_does_not_change_vectors(embedder):
+    texts = ["short", "a somewhat longer sentence about nothing in particular",
+             "mid length text here", "x " * 60]
+    free = embedder.encode(texts, max_tokens=None)
+    tight = embedder.encode(texts, max_tokens=40)
+    np.testing.assert_allclose(tight, free, atol=1e-5)
+    with pytest.raises(ValueError, match="max_tokens"):
+        embedder.encode(texts, max_tokens=0)
