@@ -20,6 +20,9 @@ import torch
 from torch import Tensor
 
 from .dispatch import Backend
+from .native import ACT_CODES as _ACT_CODES
+from .native import DTYPE_CODES as _DTYPE_CODES
+from .native import add_layernorm_operands, contig as _c, embed_operands, ptr as _ptr
 
 try:  # the backend stays importable (and says why) without a native build
     from .. import _C as _native
@@ -30,38 +33,24 @@ except (ImportError, AttributeError) as exc:  # pragma: no cover - only without 
     _kernels = None
     _IMPORT_ERROR = f"bertfast._C CPU kernels are not built ({exc})"
 
-_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-_ACT_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
 
 
 def _threads() -> int:
     return max(1, torch.get_num_threads())
 
 
-def _ptr(t: Optional[Tensor]) -> int:
-    return 0 if t is None else t.data_ptr()
 
-
-def _c(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.contiguous()
-
-
-def _ids(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.to(torch.int64).contiguous()
 
 
 # ---------------------------------------------------------------- LayerNorm
 def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
                     position_embeddings, token_type_embeddings, weight, bias, eps):
-    E = word_embeddings.shape[1]
-    out = word_embeddings.new_empty(tuple(input_ids.shape) + (E,))
+    out, ids, pids, tids, word, pos, types, w, b = embed_operands(
+        input_ids, position_ids, token_type_ids, word_embeddings, position_embeddings,
+        token_type_embeddings, weight, bias)
+    E = word.shape[1]
     if out.numel() == 0:
         return out
-    word, pos = word_embeddings.contiguous(), position_embeddings.contiguous()
-    types = _c(token_type_embeddings)
-    ids, pids = _ids(input_ids), _ids(position_ids)
-    tids = _ids(token_type_ids) if types is not None else None
-    w, b = weight.contiguous(), bias.contiguous()
     _kernels.embed_layernorm(
         _DTYPE_CODES[word.dtype], out.data_ptr(), ids.data_ptr(), pids.data_ptr(), _ptr(tids),
         word.data_ptr(), word.shape[0], pos.data_ptr(), pos.shape[0], _ptr(types),
@@ -71,9 +60,8 @@ def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
 
 
 def add_layernorm(x, residual, bias, weight, ln_bias, eps):
-    x, residual = x.contiguous(), residual.contiguous()
-    bias, weight, ln_bias = _c(bias), weight.contiguous(), ln_bias.contiguous()
-    out = torch.empty_like(x)
+    out, x, residual, bias, weight, ln_bias = add_layernorm_operands(x, residual, bias, weight,
+                                                                    ln_bias)
     H = x.shape[-1]
     if x.numel() == 0:
         return out

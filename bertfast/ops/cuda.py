@@ -23,6 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .dispatch import Backend
+from .native import ACT_CODES as _ACT_CODES
+from .native import DTYPE_CODES as _DTYPE_CODES
+from .native import add_layernorm_operands, contig as _c, embed_operands, ptr as _ptr
 
 try:  # the backend stays importable (and says why) without a native build
     from .. import _C as _native
@@ -34,8 +37,6 @@ except ImportError as exc:  # pragma: no cover - only without a build
 
 _kernels = getattr(_native, "cuda", None) if _native is not None else None
 
-_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-_ACT_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
 
 #: Head dims the attention kernel is instantiated for (kernels/cuda/attention.cu).
 ATTENTION_HEAD_DIMS = (32, 64, 80, 96, 128)
@@ -68,16 +69,7 @@ def _unavailable(device_type: str) -> Optional[str]:
     return _unavailable_reason()
 
 
-def _ptr(t: Optional[Tensor]) -> int:
-    return 0 if t is None else t.data_ptr()
 
-
-def _c(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.contiguous()
-
-
-def _ids(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.to(torch.int64).contiguous()
 
 
 def _where(t: Tensor):
@@ -89,15 +81,12 @@ def _where(t: Tensor):
 # ---------------------------------------------------------------- LayerNorm
 def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
                     position_embeddings, token_type_embeddings, weight, bias, eps):
-    E = word_embeddings.shape[1]
-    out = word_embeddings.new_empty(tuple(input_ids.shape) + (E,))
+    out, ids, pids, tids, word, pos, types, w, b = embed_operands(
+        input_ids, position_ids, token_type_ids, word_embeddings, position_embeddings,
+        token_type_embeddings, weight, bias)
+    E = word.shape[1]
     if out.numel() == 0:
         return out
-    word, pos = word_embeddings.contiguous(), position_embeddings.contiguous()
-    types = _c(token_type_embeddings)
-    ids, pids = _ids(input_ids), _ids(position_ids)
-    tids = _ids(token_type_ids) if types is not None else None
-    w, b = weight.contiguous(), bias.contiguous()
     device, stream = _where(out)
     _kernels.embed_layernorm(
         out.data_ptr(), ids.data_ptr(), pids.data_ptr(), _ptr(tids), word.data_ptr(),
@@ -108,9 +97,8 @@ def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
 
 
 def add_layernorm(x, residual, bias, weight, ln_bias, eps):
-    x, residual = x.contiguous(), residual.contiguous()
-    bias, weight, ln_bias = _c(bias), weight.contiguous(), ln_bias.contiguous()
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out, x, residual, bias, weight, ln_bias = add_layernorm_operands(x, residual, bias, weight,
+                                                                    ln_bias)
     if x.numel() == 0:
         return out
     H = x.shape[-1]
