@@ -358,6 +358,26 @@ def test_cpu_gemm_shapes_and_isas(allow_avx512, m, k, n, act):
     assert _maxerr(out, gold) <= 2 * _maxerr(ref, gold) + 5e-5
 
 
+@pytest.mark.parametrize("offset", [0, 3])
+def test_cpu_gemm_large_output_huge_page_advice(offset):
+    # Outputs of >= 8 MiB get madvise(MADV_HUGEPAGE) on the 2 MiB pages inside them
+    # (kernels/cpu/gemm.cpp): results must not change, also for a buffer that does
+    # not start on a page boundary, and the floats around it stay untouched.
+    from bertfast import _C
+
+    g = _gen(17)
+    m, k, n = 4099, 24, 555
+    x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n)
+    buf = torch.full((m * n + 2 * offset + 1,), -7.0)
+    out = buf[offset:offset + m * n].view(m, n)
+    _C.cpu.linear_act(out.data_ptr(), x.data_ptr(), w.data_ptr(), b.data_ptr(), m, n, k, -1,
+                      True, 2)
+    gold = F.linear(x.double(), w.double(), b.double())
+    assert _maxerr(out, gold) <= 2 * _maxerr(F.linear(x, w, b), gold) + 5e-5
+    assert torch.all(buf[:offset] == -7.0) and torch.all(buf[offset + m * n:] == -7.0)
+    assert torch.equal(ops.linear(x, w, b, backend="cpu"), out)
+
+
 def test_linear_gelu_fp32_uses_fused_gemm_and_threads_agree():
     g = _gen(15)
     x, w, b = torch.randn(2, 70, 384, generator=g), torch.randn(1536, 384, generator=g), torch.randn(1536)
