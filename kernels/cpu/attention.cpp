@@ -16,7 +16,8 @@
 // blocks with an online softmax (fp32 running max and sum):
 //   scores  s[ROWS][BLOCK_N] = q . Kt
 //   p = exp(s - m_new), l = l * alpha + sum p, o = o * alpha + p V
-//   (micro-kernels over 16 keys / 16 head dims x ROWS rows, accumulators in registers)
+//   (micro-kernels over 2 vectors of keys / head dims x ROWS rows, accumulators in
+//   registers; AVX-512 or AVX2 variant chosen at run time, see below)
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -27,18 +28,36 @@ namespace bertfast {
 namespace cpu {
 namespace {
 
-constexpr int64_t BLOCK_M = 64;  // query rows per task
-constexpr int64_t BLOCK_N = 64;  // keys per online-softmax step
-constexpr int ROWS = 4;          // query rows per micro-tile
-constexpr int KEYS_TILE = 16;    // keys per score accumulator tile (2 x 8 lanes)
-constexpr int DIMS_TILE = 16;    // head dims per P.V accumulator tile (2 x 8 lanes)
+constexpr int64_t BLOCK_M = 256;  // query rows per task (K / V are packed once per task)
+constexpr int64_t BLOCK_N = 128;  // keys per online-softmax step
 
-// The two micro-kernels use GCC/Clang vector extensions (8 x fp32, one AVX2
-// register; no intrinsics): with ROWS x 16 accumulators held in registers the
-// compiler's own loop vectoriser would not keep them out of memory.
-typedef float v8f __attribute__((vector_size(32), aligned(4)));  // aligned(4): unaligned loads ok
+// The two micro-kernels use GCC/Clang vector extensions (no intrinsics): with
+// ROWS x 2 accumulators held in registers the compiler's own loop vectoriser would
+// not keep them out of memory. Two variants chosen at run time from the CPU:
+//   AVX-512 (x86-64-v4): 16 lanes, ROWS = 8 (16 zmm accumulators), head_dim padded to 32
+//   AVX2/FMA (baseline):  8 lanes, ROWS = 4 (8 ymm accumulators), head_dim padded to 16
+// One micro-tile covers 2 vectors of keys (scores) or head dims (P.V).
+typedef float v8f __attribute__((vector_size(32), aligned(4)));   // aligned(4): unaligned loads ok
+typedef float v16f __attribute__((vector_size(64), aligned(4)));
 
-BF_INLINE v8f splat(float x) { return v8f{x, x, x, x, x, x, x, x}; }
+// Unaligned vector load / store (memcpy: an aligned(4) typedef does not stop GCC
+// from emitting aligned moves for 64-byte vectors).
+template <typename V>
+BF_INLINE V load_v(const float* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <typename V>
+BF_INLINE void store_v(float* p, const V& v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
+template <typename V>
+BF_INLINE V splat(float x) {
+  V v = {};
+  return v + x;
+}
 
 struct Sequence {
   int64_t token0;       // first token (row of qkv / out)
@@ -50,62 +69,202 @@ struct Task {
   int64_t seq, head, q0;
 };
 
-// s[r][j] = sum_dd q[r][dd] * kt[dd][j] for r < ROWS, j < BLOCK_N.
+// Per-thread scratch, reused across tasks.
+struct Scratch {
+  std::vector<int64_t> keys, qrows;
+  std::vector<float> kt, vbuf, qbuf, obuf, sbuf;
+};
+
+// s[r][j] = sum_dd q[r][dd] * kt[dd][j] for r < ROWS, j < nkeys rounded up to 2 VL
+// (nkeys <= BLOCK_N; s[r][j] beyond that is left as it was).
+template <typename V, int VL, int ROWS>
 BF_INLINE void score_tile(const float* BF_RESTRICT q, const float* BF_RESTRICT kt, int64_t ldk,
-                          int64_t d, int64_t dpad, float* BF_RESTRICT s) {
-  for (int jc = 0; jc < BLOCK_N; jc += KEYS_TILE) {
-    v8f acc[ROWS][2];
-    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = splat(0.0f);
+                          int64_t d, int64_t dpad, int64_t nkeys, float* BF_RESTRICT s) {
+  for (int jc = 0; jc < nkeys; jc += 2 * VL) {
+    V acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = V{};
     const float* BF_RESTRICT k = kt + jc;
     for (int64_t dd = 0; dd < d; ++dd, k += ldk) {
-      const v8f k0 = *reinterpret_cast<const v8f*>(k);
-      const v8f k1 = *reinterpret_cast<const v8f*>(k + 8);
+      const V k0 = load_v<V>(k);
+      const V k1 = load_v<V>(k + VL);
       for (int r = 0; r < ROWS; ++r) {
-        const v8f qv = splat(q[r * dpad + dd]);
+        const V qv = splat<V>(q[r * dpad + dd]);
         acc[r][0] += qv * k0;
         acc[r][1] += qv * k1;
       }
     }
     for (int r = 0; r < ROWS; ++r) {
-      *reinterpret_cast<v8f*>(s + r * BLOCK_N + jc) = acc[r][0];
-      *reinterpret_cast<v8f*>(s + r * BLOCK_N + jc + 8) = acc[r][1];
+      store_v<V>(s + r * BLOCK_N + jc, acc[r][0]);
+      store_v<V>(s + r * BLOCK_N + jc + VL, acc[r][1]);
     }
   }
 }
 
-// o[r][dd] = o[r][dd] * alpha[r] + sum_j p[r][j] * v[j][dd] for j < BLOCK_N.
+// o[r][dd] = o[r][dd] * alpha[r] + sum_j p[r][j] * v[j][dd] for j < nkeys.
+template <typename V, int VL, int ROWS>
 BF_INLINE void pv_tile(const float* BF_RESTRICT p, const float* BF_RESTRICT v, int64_t dpad,
-                       const float* BF_RESTRICT alpha, float* BF_RESTRICT o) {
-  for (int64_t dc = 0; dc < dpad; dc += DIMS_TILE) {
-    v8f acc[ROWS][2];
+                       int64_t nkeys, const float* BF_RESTRICT alpha, float* BF_RESTRICT o) {
+  for (int64_t dc = 0; dc < dpad; dc += 2 * VL) {
+    V acc[ROWS][2];
     for (int r = 0; r < ROWS; ++r) {
-      const v8f a = splat(alpha[r]);
-      acc[r][0] = *reinterpret_cast<const v8f*>(o + r * dpad + dc) * a;
-      acc[r][1] = *reinterpret_cast<const v8f*>(o + r * dpad + dc + 8) * a;
+      const V a = splat<V>(alpha[r]);
+      acc[r][0] = load_v<V>(o + r * dpad + dc) * a;
+      acc[r][1] = load_v<V>(o + r * dpad + dc + VL) * a;
     }
     const float* BF_RESTRICT vr = v + dc;
-    for (int64_t j = 0; j < BLOCK_N; ++j, vr += dpad) {
-      const v8f v0 = *reinterpret_cast<const v8f*>(vr);
-      const v8f v1 = *reinterpret_cast<const v8f*>(vr + 8);
+    for (int64_t j = 0; j < nkeys; ++j, vr += dpad) {
+      const V v0 = load_v<V>(vr);
+      const V v1 = load_v<V>(vr + VL);
       for (int r = 0; r < ROWS; ++r) {
-        const v8f pj = splat(p[r * BLOCK_N + j]);
+        const V pj = splat<V>(p[r * BLOCK_N + j]);
         acc[r][0] += pj * v0;
         acc[r][1] += pj * v1;
       }
     }
     for (int r = 0; r < ROWS; ++r) {
-      *reinterpret_cast<v8f*>(o + r * dpad + dc) = acc[r][0];
-      *reinterpret_cast<v8f*>(o + r * dpad + dc + 8) = acc[r][1];
+      store_v<V>(o + r * dpad + dc, acc[r][0]);
+      store_v<V>(o + r * dpad + dc + VL, acc[r][1]);
     }
   }
+}
+
+// One task: query rows [q0, q0 + BLOCK_M) of head h of sequence sq.
+template <typename T, typename V, int VL, int ROWS>
+BF_INLINE void attention_task(T* out, const T* qkv, const Sequence& sq, int64_t h, int64_t q0,
+                              int64_t num_heads, int64_t hidden, float scale, Scratch& sc) {
+  const int64_t d = hidden / num_heads;
+  const int64_t dpad = (d + 2 * VL - 1) / (2 * VL) * (2 * VL);
+  const int64_t ld = 3 * hidden;
+  const T zero = from_f32<T>(0.0f);
+  const int64_t q1 = std::min(q0 + BLOCK_M, sq.len);
+  const T* base = qkv + sq.token0 * ld;
+  T* obase = out + sq.token0 * hidden + h * d;
+
+  std::vector<int64_t>& keys = sc.keys;
+  std::vector<int64_t>& qrows = sc.qrows;
+  keys.clear();
+  for (int64_t j = 0; j < sq.len; ++j)
+    if (!sq.mask || sq.mask[j]) keys.push_back(j);
+  const int64_t nk = static_cast<int64_t>(keys.size());
+  qrows.clear();
+  for (int64_t i = q0; i < q1; ++i) {
+    if (nk > 0 && (!sq.mask || sq.mask[i])) {
+      qrows.push_back(i);
+    } else {
+      T* o = obase + i * hidden;  // padded query row (or no key at all): zeros
+      for (int64_t dd = 0; dd < d; ++dd) o[dd] = zero;
+    }
+  }
+  if (qrows.empty()) return;
+
+  // K^T and V of this head's real keys, fp32, zero-padded.
+  const int64_t nkp = (nk + BLOCK_N - 1) / BLOCK_N * BLOCK_N;
+  if (static_cast<int64_t>(sc.kt.size()) < d * nkp) sc.kt.resize(d * nkp);
+  if (static_cast<int64_t>(sc.vbuf.size()) < nkp * dpad) sc.vbuf.resize(nkp * dpad);
+  if (static_cast<int64_t>(sc.qbuf.size()) < ROWS * dpad) sc.qbuf.resize(ROWS * dpad);
+  if (static_cast<int64_t>(sc.obuf.size()) < ROWS * dpad) sc.obuf.resize(ROWS * dpad);
+  if (static_cast<int64_t>(sc.sbuf.size()) < ROWS * BLOCK_N) sc.sbuf.resize(ROWS * BLOCK_N);
+  float* BF_RESTRICT ktp = sc.kt.data();
+  float* BF_RESTRICT vp = sc.vbuf.data();
+  for (int64_t jj = 0; jj < nk; ++jj) {
+    const T* krow = base + keys[jj] * ld + hidden + h * d;
+    const T* vrow = base + keys[jj] * ld + 2 * hidden + h * d;
+    // K^T stored per key block, [nkp / BLOCK_N][d][BLOCK_N]: each block is contiguous
+    // (a [d][nkp] layout strides by nkp floats, a power of two that thrashes L1 sets).
+    float* BF_RESTRICT kcol = ktp + (jj / BLOCK_N) * d * BLOCK_N + (jj % BLOCK_N);
+    for (int64_t dd = 0; dd < d; ++dd) kcol[dd * BLOCK_N] = to_f32(krow[dd]);
+    float* BF_RESTRICT vr = vp + jj * dpad;
+    for (int64_t dd = 0; dd < d; ++dd) vr[dd] = to_f32(vrow[dd]);
+    for (int64_t dd = d; dd < dpad; ++dd) vr[dd] = 0.0f;
+  }
+  for (int64_t dd = 0; dd < d; ++dd)
+    for (int64_t jj = nk; jj < nkp; ++jj)
+      ktp[(jj / BLOCK_N) * d * BLOCK_N + dd * BLOCK_N + (jj % BLOCK_N)] = 0.0f;
+  for (int64_t jj = nk; jj < nkp; ++jj)
+    for (int64_t dd = 0; dd < dpad; ++dd) vp[jj * dpad + dd] = 0.0f;
+
+  float m[ROWS], l[ROWS], alphas[ROWS];
+  const int64_t nq = static_cast<int64_t>(qrows.size());
+  for (int64_t g = 0; g < nq; g += ROWS) {
+    const int nr = static_cast<int>(std::min<int64_t>(ROWS, nq - g));
+    float* BF_RESTRICT qp = sc.qbuf.data();
+    float* BF_RESTRICT op = sc.obuf.data();
+    float* BF_RESTRICT sp = sc.sbuf.data();
+    std::fill(qp, qp + ROWS * dpad, 0.0f);
+    std::fill(op, op + ROWS * dpad, 0.0f);
+    for (int r = 0; r < nr; ++r) {
+      const T* qrow = base + qrows[g + r] * ld + h * d;
+      for (int64_t dd = 0; dd < d; ++dd) qp[r * dpad + dd] = to_f32(qrow[dd]) * scale;
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      m[r] = -std::numeric_limits<float>::infinity();
+      l[r] = 0.0f;
+    }
+    for (int64_t kb = 0; kb < nkp; kb += BLOCK_N) {
+      // The last block computes only its real keys (rounded up to a micro-tile);
+      // the scores past them are set to -inf below.
+      const int64_t valid = std::min<int64_t>(BLOCK_N, nk - kb);
+      score_tile<V, VL, ROWS>(qp, ktp + kb * d, BLOCK_N, d, dpad, valid, sp);
+      for (int r = 0; r < ROWS; ++r) {
+        float* BF_RESTRICT sr = sp + r * BLOCK_N;
+        for (int64_t j = valid; j < BLOCK_N; ++j) sr[j] = -std::numeric_limits<float>::infinity();
+        float mx = -std::numeric_limits<float>::infinity();
+        BF_SIMD_REDUCE_MAX(mx)
+        for (int64_t j = 0; j < BLOCK_N; ++j) mx = fmax_(mx, sr[j]);
+        const float m_new = fmax_(m[r], mx);
+        const float alpha = fast_exp(m[r] - m_new);  // exp(-inf) == 0 on the first block
+        float sum = 0.0f;
+        BF_SIMD_REDUCE_ADD(sum)
+        for (int64_t j = 0; j < BLOCK_N; ++j) {
+          float p = fast_exp(sr[j] - m_new);
+          sr[j] = p;
+          sum += p;
+        }
+        l[r] = l[r] * alpha + sum;
+        m[r] = m_new;
+        alphas[r] = alpha;
+      }
+      pv_tile<V, VL, ROWS>(sp, vp + kb * dpad, dpad, valid, alphas, op);
+    }
+    for (int r = 0; r < nr; ++r) {
+      const float inv = 1.0f / l[r];
+      T* o = obase + qrows[g + r] * hidden;
+      const float* BF_RESTRICT orow = op + r * dpad;
+      for (int64_t dd = 0; dd < d; ++dd) o[dd] = from_f32<T>(orow[dd] * inv);
+    }
+  }
+}
+
+// Per-task entry points, one per instruction set. The OpenMP loop stays outside
+// them (an outlined parallel region would not inherit the target attribute).
+// prefer-vector-width=512: the softmax loops in 16 lanes too.
+template <typename T>
+__attribute__((target("arch=x86-64-v4,prefer-vector-width=512"))) __attribute__((noinline)) void task_avx512(
+    T* out, const T* qkv, const Sequence& sq, int64_t h, int64_t q0, int64_t num_heads,
+    int64_t hidden, float scale, Scratch& sc) {
+  attention_task<T, v16f, 16, 8>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+}
+
+template <typename T>
+__attribute__((noinline)) void task_avx2(T* out, const T* qkv, const Sequence& sq, int64_t h,
+                                         int64_t q0, int64_t num_heads, int64_t hidden,
+                                         float scale, Scratch& sc) {
+  attention_task<T, v8f, 8, 4>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+}
+
+bool use_avx512() {
+#if defined(__GNUC__) && defined(__x86_64__)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+#else
+  return false;
+#endif
 }
 
 template <typename T>
 void attention_impl(T* out, const T* qkv, const std::vector<Sequence>& seqs, int64_t num_heads,
                     int64_t hidden, float scale, int num_threads) {
   const int64_t d = hidden / num_heads;
-  const int64_t dpad = (d + DIMS_TILE - 1) / DIMS_TILE * DIMS_TILE;
-  const int64_t ld = 3 * hidden;
   std::vector<Task> tasks;
   int64_t work = 0;
   for (int64_t s = 0; s < static_cast<int64_t>(seqs.size()); ++s) {
@@ -117,111 +276,22 @@ void attention_impl(T* out, const T* qkv, const std::vector<Sequence>& seqs, int
   if (ntasks == 0) return;
   int nt = threads_for(work, 1 << 16, num_threads);
   nt = static_cast<int>(std::min<int64_t>(nt, ntasks));
-  const T zero = from_f32<T>(0.0f);
+  const bool avx512 = use_avx512();
 
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
   {
-    std::vector<int64_t> keys, qrows;
-    std::vector<float> kt, vbuf;
-    std::vector<float> qbuf(ROWS * dpad), obuf(ROWS * dpad), sbuf(ROWS * BLOCK_N);
-    float m[ROWS], l[ROWS], alphas[ROWS];
+    Scratch sc;
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
     for (int64_t t = 0; t < ntasks; ++t) {
       const Sequence& sq = seqs[tasks[t].seq];
-      const int64_t h = tasks[t].head;
-      const int64_t q0 = tasks[t].q0;
-      const int64_t q1 = std::min(q0 + BLOCK_M, sq.len);
-      const T* base = qkv + sq.token0 * ld;
-      T* obase = out + sq.token0 * hidden + h * d;
-
-      keys.clear();
-      for (int64_t j = 0; j < sq.len; ++j)
-        if (!sq.mask || sq.mask[j]) keys.push_back(j);
-      const int64_t nk = static_cast<int64_t>(keys.size());
-      qrows.clear();
-      for (int64_t i = q0; i < q1; ++i) {
-        if (nk > 0 && (!sq.mask || sq.mask[i])) {
-          qrows.push_back(i);
-        } else {
-          T* o = obase + i * hidden;  // padded query row (or no key at all): zeros
-          for (int64_t dd = 0; dd < d; ++dd) o[dd] = zero;
-        }
-      }
-      if (qrows.empty()) continue;
-
-      // K^T and V of this head's real keys, fp32, zero-padded.
-      const int64_t nkp = (nk + BLOCK_N - 1) / BLOCK_N * BLOCK_N;
-      if (static_cast<int64_t>(kt.size()) < d * nkp) kt.resize(d * nkp);
-      if (static_cast<int64_t>(vbuf.size()) < nkp * dpad) vbuf.resize(nkp * dpad);
-      float* BF_RESTRICT ktp = kt.data();
-      float* BF_RESTRICT vp = vbuf.data();
-      for (int64_t jj = 0; jj < nk; ++jj) {
-        const T* krow = base + keys[jj] * ld + hidden + h * d;
-        const T* vrow = base + keys[jj] * ld + 2 * hidden + h * d;
-        // K^T stored per key block, [nkp / BLOCK_N][d][BLOCK_N]: each block is contiguous
-        // (a [d][nkp] layout strides by nkp floats, a power of two that thrashes L1 sets).
-        float* BF_RESTRICT kcol = ktp + (jj / BLOCK_N) * d * BLOCK_N + (jj % BLOCK_N);
-        for (int64_t dd = 0; dd < d; ++dd) kcol[dd * BLOCK_N] = to_f32(krow[dd]);
-        float* BF_RESTRICT vr = vp + jj * dpad;
-        for (int64_t dd = 0; dd < d; ++dd) vr[dd] = to_f32(vrow[dd]);
-        for (int64_t dd = d; dd < dpad; ++dd) vr[dd] = 0.0f;
-      }
-      for (int64_t dd = 0; dd < d; ++dd)
-        for (int64_t jj = nk; jj < nkp; ++jj)
-          ktp[(jj / BLOCK_N) * d * BLOCK_N + dd * BLOCK_N + (jj % BLOCK_N)] = 0.0f;
-      for (int64_t jj = nk; jj < nkp; ++jj)
-        for (int64_t dd = 0; dd < dpad; ++dd) vp[jj * dpad + dd] = 0.0f;
-
-      const int64_t nq = static_cast<int64_t>(qrows.size());
-      for (int64_t g = 0; g < nq; g += ROWS) {
-        const int nr = static_cast<int>(std::min<int64_t>(ROWS, nq - g));
-        float* BF_RESTRICT qp = qbuf.data();
-        float* BF_RESTRICT op = obuf.data();
-        float* BF_RESTRICT sp = sbuf.data();
-        std::fill(qbuf.begin(), qbuf.end(), 0.0f);
-        std::fill(obuf.begin(), obuf.end(), 0.0f);
-        for (int r = 0; r < nr; ++r) {
-          const T* qrow = base + qrows[g + r] * ld + h * d;
-          for (int64_t dd = 0; dd < d; ++dd) qp[r * dpad + dd] = to_f32(qrow[dd]) * scale;
-        }
-        for (int r = 0; r < ROWS; ++r) {
-          m[r] = -std::numeric_limits<float>::infinity();
-          l[r] = 0.0f;
-        }
-        for (int64_t kb = 0; kb < nkp; kb += BLOCK_N) {
-          score_tile(qp, ktp + kb * d, BLOCK_N, d, dpad, sp);
-          const int64_t valid = std::min<int64_t>(BLOCK_N, nk - kb);
-          for (int r = 0; r < ROWS; ++r) {
-            float* BF_RESTRICT sr = sp + r * BLOCK_N;
-            for (int64_t j = valid; j < BLOCK_N; ++j) sr[j] = -std::numeric_limits<float>::infinity();
-            float mx = -std::numeric_limits<float>::infinity();
-            BF_SIMD_REDUCE_MAX(mx)
-            for (int64_t j = 0; j < BLOCK_N; ++j) mx = fmax_(mx, sr[j]);
-            const float m_new = fmax_(m[r], mx);
-            const float alpha = fast_exp(m[r] - m_new);  // exp(-inf) == 0 on the first block
-            float sum = 0.0f;
-            BF_SIMD_REDUCE_ADD(sum)
-            for (int64_t j = 0; j < BLOCK_N; ++j) {
-              float p = fast_exp(sr[j] - m_new);
-              sr[j] = p;
-              sum += p;
-            }
-            l[r] = l[r] * alpha + sum;
-            m[r] = m_new;
-            alphas[r] = alpha;
-          }
-          pv_tile(sp, vp + kb * dpad, dpad, alphas, op);
-        }
-        for (int r = 0; r < nr; ++r) {
-          const float inv = 1.0f / l[r];
-          T* o = obase + qrows[g + r] * hidden;
-          const float* BF_RESTRICT orow = op + r * dpad;
-          for (int64_t dd = 0; dd < d; ++dd) o[dd] = from_f32<T>(orow[dd] * inv);
-        }
+      if (avx512) {
+        task_avx512<T>(out, qkv, sq, tasks[t].head, tasks[t].q0, num_heads, hidden, scale, sc);
+      } else {
+        task_avx2<T>(out, qkv, sq, tasks[t].head, tasks[t].q0, num_heads, hidden, scale, sc);
       }
     }
   }

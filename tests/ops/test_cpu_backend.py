@@ -235,6 +235,27 @@ def test_attention_shapes(heads, head_dim, seqlen):
     assert (ours[1, (seqlen + 1) // 2:] == 0).all()
 
 
+@pytest.mark.parametrize("heads,head_dim", [(12, 32), (2, 64), (2, 17)])
+@pytest.mark.parametrize("seqlen", [128, 129, 257, 300, 520])
+def test_attention_long_sequences_query_and_key_blocks(heads, head_dim, seqlen):
+    # kernels/cpu/attention.cpp: 256 query rows per task, 128 keys per softmax step,
+    # the last key block cut to its real keys (rounded up to a micro-tile); masked
+    # keys inside and at the end, and the same result from 1 and 2 threads.
+    g = _gen(18)
+    qkv = torch.randn(2, seqlen, 3 * heads * head_dim, generator=g)
+    mask = torch.ones(2, seqlen, dtype=torch.long)
+    mask[1, seqlen - seqlen // 3:] = 0
+    mask[1, 5:9] = 0
+    with _threads(2):
+        ours = ops.attention(qkv, mask, heads, backend="cpu")
+    with _threads(1):
+        one = ops.attention(qkv, mask, heads, backend="cpu")
+    gold = _gold_attention(qkv, mask, heads)
+    assert _maxerr(ours, gold) < 5e-5
+    assert torch.equal(ours, one)
+    assert (ours[1, seqlen - seqlen // 3:] == 0).all()
+
+
 def test_attention_all_masked_row_and_holes():
     g = _gen(7)
     qkv = torch.randn(3, 40, 3 * 64, generator=g)
