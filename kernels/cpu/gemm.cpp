@@ -13,7 +13,8 @@
 //   AVX-512 (x86-64-v4): MR = 8, NR = 32 (16 zmm accumulators)
 //   AVX2/FMA (baseline): MR = 4, NR = 16 (8 ymm accumulators)
 // (allow_avx512 = false forces the baseline, for tests.)
-// Threads: OpenMP static split over (block of MB rows, NR-column panel) tiles.
+// Threads: OpenMP static split over (block of MB rows, NR-column panel) tiles,
+// ordered row-block major for weights up to 8 MiB (see gemm_packed).
 //
 // Large outputs: a fresh output tensor above glibc's mmap threshold (at most 32 MiB,
 // e.g. the QKV and FFN-in outputs of 8192 tokens) is new mmap memory on every call,
@@ -158,12 +159,19 @@ void gemm_packed(const float* x, const float* pk, const float* bias, float* out,
   const int64_t panels = (N + NR - 1) / NR;
   const int64_t mblocks = (M + MB - 1) / MB;
   const int64_t tiles = panels * mblocks;
+  // Tile order: row-block major while the packed weight is <= 8 MiB (it then stays
+  // in L3 for every row block): each thread gets its own rows, so it faults in its
+  // own pages of a fresh output and reuses its block of x from L2 across the
+  // panels (QKV at 8192 tokens: 23 -> 18.5 ms per call). Beyond, panel major
+  // (neighbours share a weight panel).
+  const bool row_major = panels * NR * K <= (int64_t(1) << 21);
   const int nt = threads_for(M * N * K, 1 << 20, num_threads);
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp parallel for num_threads(nt) schedule(static)
 #endif
   for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t mb = t % mblocks, p = t / mblocks;  // neighbours share a weight panel
+    const int64_t mb = row_major ? t / panels : t % mblocks;
+    const int64_t p = row_major ? t % panels : t / mblocks;
     if (avx512) {
       tile_avx512<ACT>(x, pk, bias, out, M, N, K, mb, p);
     } else {

@@ -359,11 +359,12 @@ def test_linear_gelu_is_matmul_plus_epilogue():
 
 @pytest.mark.parametrize("allow_avx512", [True, False], ids=["auto-isa", "avx2"])
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 33, 17), (65, 384, 1536), (130, 1536, 40),
-                                   (3, 0, 5), (200, 3000, 33)])
+                                   (3, 0, 5), (200, 3000, 33), (70, 2000, 1100)])
 @pytest.mark.parametrize("act", [-1, 0, 1, 2])
 def test_cpu_gemm_shapes_and_isas(allow_avx512, m, k, n, act):
     # kernels/cpu/gemm.cpp directly: row / column tails, K = 0, long K (chunked sums),
-    # both the AVX-512 and the AVX2 micro-kernel (forced), every epilogue.
+    # both the AVX-512 and the AVX2 micro-kernel (forced), every epilogue, both tile
+    # orders (row-block major up to an 8 MiB packed weight, panel major for 70x2000x1100).
     from bertfast import _C
 
     g = _gen(14)
