@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import EncoderConfig
+from .ops.reference import activation as reference_activation
 
 __all__ = ["HEADS", "resolve_head", "head_weight_specs", "activation"]
 
@@ -203,17 +204,13 @@ def head_weight_specs(cfg: EncoderConfig, head: str) -> Tuple[Dict[str, tuple], 
 
 # ------------------------------------------------------------------------ math
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
-    if kind == "gelu":
-        return F.gelu(x)
-    if kind == "gelu_tanh":
-        return F.gelu(x, approximate="tanh")
-    if kind == "relu":
-        return F.relu(x)
+    """The encoder's activations (``ops.reference.activation``) plus the heads' own
+    ``tanh`` and ``identity`` (ELECTRA's sequence summary)."""
     if kind == "tanh":
         return torch.tanh(x)
     if kind == "identity":
         return x
-    raise ValueError(f"unknown activation {kind!r}")
+    return reference_activation(x, kind)
 
 
 def _linear(w: Dict[str, torch.Tensor], name: str, x: torch.Tensor) -> torch.Tensor:
