@@ -400,20 +400,13 @@ class BertfastModel(nn.Module):
             else:
                 out.prediction_logits = scores
         if head in ("next_sentence", "pretraining", "sentence_order"):
-            if cfg.family == "bert":
-                w.update(self._group("nsp"))
-                rel = F.linear(pooled, w["nsp.weight"], w["nsp.bias"]).masked_fill(empty_rows, 0)
-                if head == "next_sentence":
-                    out.logits = rel
-                else:
-                    out.seq_relationship_logits = rel
-            else:
-                w.update(self._group("sop"))
-                sop = F.linear(pooled, w["sop.weight"], w["sop.bias"]).masked_fill(empty_rows, 0)
-                if head == "sentence_order":
-                    out.logits = sop
-                else:
-                    out.sop_logits = sop
+            # BERT's next-sentence head or ALBERT's sentence-order head: same math.
+            name, alone, field = (("nsp", "next_sentence", "seq_relationship_logits")
+                                  if cfg.family == "bert" else
+                                  ("sop", "sentence_order", "sop_logits"))
+            w.update(self._group(name))
+            rel = F.linear(pooled, w[f"{name}.weight"], w[f"{name}.bias"])
+            setattr(out, "logits" if head == alone else field, rel.masked_fill(empty_rows, 0))
         if head == "sequence_classification":
             w.update(self._group("classifier"))
             out.logits = H.sequence_logits(cfg, w, first, pooled).masked_fill(empty_rows, 0)
