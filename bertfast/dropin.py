@@ -14,7 +14,13 @@ bertfast's padding-free encoder, which reads the model's own weight tensors:
   ``inputs_embeds``, ``past_key_values``, cross-attention inputs, ...) or a model in
   training mode run the original transformers forward for that call, with a
   warning naming the reason (``fallback=False`` raises instead);
-- padded positions of the encoder output are zero (parity holds on real tokens).
+- padded positions of the encoder output are zero by default, where transformers
+  returns values computed from the padding tokens (they can differ by several units
+  there; parity holds on real tokens). ``padded_positions="transformers"`` returns
+  transformers' values instead: a batch with padding then runs the padded layout
+  (cost follows ``batch x longest row`` like transformers, attention through torch's
+  SDPA with transformers' additive mask; the other ops stay bertfast's) and the
+  pooler reads position 0, as transformers' does.
 
 ``undo(model)`` restores the original forward.
 """
@@ -26,16 +32,23 @@ import warnings
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
+from . import heads
 from .checkpoint import canonical_name, convert
 from .config import EncoderConfig
 from .model import BertfastModel
+from .outputs import EncoderOutput
 
 __all__ = ["optimize", "undo", "UnsupportedArgument"]
 
 #: Arguments bertfast's encoder implements.
 _SUPPORTED = {"input_ids", "attention_mask", "token_type_ids", "position_ids",
               "output_hidden_states", "return_dict"}
+
+
+#: What an optimized model returns at padded positions (``optimize(padded_positions=)``).
+PADDED_POSITIONS = ("zeros", "transformers")
 
 
 class UnsupportedArgument(NotImplementedError):
@@ -47,7 +60,8 @@ def _is_sentence_transformer(model) -> bool:
 
 
 def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
-             fallback: bool = True, cuda_graphs: Optional[bool] = None):
+             fallback: bool = True, cuda_graphs: Optional[bool] = None,
+             padded_positions: str = "zeros"):
     """Make ``model`` run on bertfast and return it (the same object).
 
     ``model``: a transformers ``PreTrainedModel`` of a supported family (any head) or
@@ -57,15 +71,21 @@ def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
     bertfast does not implement: run the original forward (warn) or raise
     :class:`UnsupportedArgument`. ``cuda_graphs``: replay small batches through
     captured CUDA graphs (default: on when the model is on a CUDA device; see
-    ``bertfast/graphs.py``).
+    ``bertfast/graphs.py``). ``padded_positions``: ``"zeros"`` (padded positions
+    of the hidden states are zero, the padding-free fast path) or
+    ``"transformers"`` (transformers' values there, at the cost of running a padded
+    batch in the padded layout; see the module docstring).
     """
+    if padded_positions not in PADDED_POSITIONS:
+        raise ValueError(f"padded_positions must be one of {', '.join(map(repr, PADDED_POSITIONS))}, "
+                         f"got {padded_positions!r}")
     if _is_sentence_transformer(model):
         found = False
         for module in model.modules():
             inner = getattr(module, "auto_model", None)
             if inner is not None:
                 optimize(inner, backend=backend, dtype=dtype, fallback=fallback,
-                         cuda_graphs=cuda_graphs)
+                         cuda_graphs=cuda_graphs, padded_positions=padded_positions)
                 found = True
         if not found:
             raise TypeError("this SentenceTransformer has no transformers module "
@@ -91,10 +111,11 @@ def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
     cfg = EncoderConfig.from_dict(model.config.to_dict(), source=type(model).__name__)
     state = getattr(base, "_bertfast_state", None)
     if state is None:
-        state = _FastForward(base, cfg, backend, fallback, cuda_graphs)
+        state = _FastForward(base, cfg, backend, fallback, cuda_graphs, padded_positions)
         state.install()
     else:
         state.backend, state.fallback, state.cuda_graphs = backend, fallback, cuda_graphs
+        state.padded_positions = padded_positions
         state.rebuild()
     return model
 
@@ -118,8 +139,9 @@ class _FastForward:
     """The replacement forward of one transformers encoder module."""
 
     def __init__(self, base, cfg: EncoderConfig, backend: str, fallback: bool,
-                 cuda_graphs: Optional[bool]):
+                 cuda_graphs: Optional[bool], padded_positions: str = "zeros"):
         self.base = base
+        self.padded_positions = padded_positions
         self.cuda_graphs = cuda_graphs
         self.cfg = cfg
         self.backend = backend
@@ -232,10 +254,16 @@ class _FastForward:
         return_dict = given.get("return_dict")
         if return_dict is None:
             return_dict = getattr(config, "use_return_dict", getattr(config, "return_dict", True))
-        out = self.fast(given.get("input_ids"), attention_mask=given.get("attention_mask"),
-                        token_type_ids=given.get("token_type_ids"),
-                        position_ids=given.get("position_ids"),
-                        output_hidden_states=hidden)
+        mask = given.get("attention_mask")
+        if (self.padded_positions == "transformers" and isinstance(mask, torch.Tensor)
+                and bool((mask == 0).any())):
+            with torch.no_grad():
+                out = self._padded_forward(given, hidden)
+        else:
+            out = self.fast(given.get("input_ids"), attention_mask=mask,
+                            token_type_ids=given.get("token_type_ids"),
+                            position_ids=given.get("position_ids"),
+                            output_hidden_states=hidden)
         names = {f.name for f in dataclasses.fields(self.output_cls)}
         fields = {"last_hidden_state": out.last_hidden_state}
         if "pooler_output" in names:
@@ -244,6 +272,39 @@ class _FastForward:
             fields["hidden_states"] = out.hidden_states
         result = self.output_cls(**fields)
         return result if return_dict else result.to_tuple()
+
+
+    def _padded_forward(self, given, hidden: bool) -> EncoderOutput:
+        """``padded_positions="transformers"`` on a batch with padding: the encoder on
+        the padded ``[B, S]`` layout, every position a query (padded ones included)
+        and padded keys masked additively with the dtype's minimum, as transformers
+        does (so a row with no real token attends uniformly, as there); the pooler
+        reads position 0. Values at real positions equal the fast path's within the
+        parity tolerance."""
+        fast = self.fast
+        cfg = fast.config
+        ids = given.get("input_ids")
+        mask, types, pos = fast._prepare(ids, given.get("attention_mask"),
+                                         given.get("token_type_ids"), given.get("position_ids"))
+        h = fast._embed(ids, pos, types)
+        states = [h] if hidden else None
+        bias = torch.zeros(mask.shape, dtype=torch.float32, device=h.device)
+        bias = bias.masked_fill(mask == 0, torch.finfo(h.dtype).min)[:, None, None, :]
+        nh, scale = cfg.num_heads, cfg.head_dim ** -0.5
+
+        def attend(qkv: torch.Tensor) -> torch.Tensor:
+            B, S, H3 = qkv.shape
+            q, k, v = qkv.float().view(B, S, 3, nh, H3 // (3 * nh)).permute(2, 0, 3, 1, 4)
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+            return ctx.transpose(1, 2).reshape(B, S, H3 // 3).to(qkv.dtype)
+
+        h = fast._layers(h, attend, states)
+        out = EncoderOutput(last_hidden_state=h)
+        if states is not None:
+            out.hidden_states = tuple(states)
+        if fast.has_pooler:
+            out.pooler_output = heads.pool(fast._w, h[:, 0], fast.backend)
+        return out
 
 
 def _short(value) -> str:

@@ -28,7 +28,6 @@ import os
 from typing import Dict, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import heads as H
@@ -94,7 +93,7 @@ class BertfastModel(nn.Module):
                  head: str = "base", backend: str = "auto"):
         super().__init__()
         self.config = config
-        self.head = H.resolve_head(config, head)
+        self.head = H.resolve_head(config, head)  # its name (str)
         self.backend = backend
         required = encoder_weight_specs(config)
         required.update(H.head_weight_specs(config, self.head)[0])
@@ -107,6 +106,8 @@ class BertfastModel(nn.Module):
                                  f"{tuple(weights[name].shape)}, expected {tuple(shape)}")
         for name, tensor in weights.items():
             _attach(self, name, tensor)
+        # The head module, chosen once here; it holds no weights (it reads them by name).
+        self.task_head = H.build_head(config, self.head)
         self._graphs = None
         self.eval()
 
@@ -127,15 +128,6 @@ class BertfastModel(nn.Module):
             if mod is None:
                 return None
         return mod._parameters.get(leaf)
-
-    def _group(self, prefix: str) -> Dict[str, torch.Tensor]:
-        """Canonical name -> tensor for every weight under ``prefix``."""
-        mod = self
-        for part in prefix.split("."):
-            mod = mod._modules.get(part)
-            if mod is None:
-                return {}
-        return dict(mod.named_parameters(prefix=prefix, remove_duplicate=False))
 
     @property
     def has_pooler(self) -> bool:
@@ -327,14 +319,6 @@ class BertfastModel(nn.Module):
         self._graphs = GraphCache(self, capture=capture)
         return self
 
-    def _first_tokens(self, h: torch.Tensor, info) -> torch.Tensor:
-        """``[B, H]``: each row's first real token; zeros for rows with none."""
-        if h.shape[0] == 0:
-            return h.new_zeros(info.batch, h.shape[-1])
-        first = h.index_select(0, info.first_token)
-        empty = info.lengths == 0
-        return first.masked_fill(empty[:, None], 0)
-
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                 output_hidden_states: bool = False) -> EncoderOutput:
@@ -344,89 +328,17 @@ class BertfastModel(nn.Module):
 
     def _forward(self, input_ids, attention_mask, token_type_ids, position_ids,
                  output_hidden_states):
-        head = self.head
-        choices = None
-        if head == "multiple_choice":
-            if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 3:
-                raise ValueError("the multiple_choice head takes input_ids of shape "
-                                 "[batch, num_choices, seq_len], got "
-                                 f"{tuple(getattr(input_ids, 'shape', ()))}")
-            Bc, choices, S = input_ids.shape
-
-            def flat(t, name):
-                if t is None:
-                    return None
-                if not isinstance(t, torch.Tensor):
-                    raise TypeError(f"{name} must be a torch.Tensor")
-                if t.dim() == 3:
-                    if tuple(t.shape) != (Bc, choices, S):
-                        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected "
-                                         f"{(Bc, choices, S)} (the shape of input_ids)")
-                    return t.reshape(Bc * choices, S)
-                return t  # let the 2-D checks report the shape error
-
-            input_ids = input_ids.reshape(Bc * choices, S)
-            attention_mask = flat(attention_mask, "attention_mask")
-            token_type_ids = flat(token_type_ids, "token_type_ids")
-            position_ids = flat(position_ids, "position_ids")
-
+        head = self.task_head
+        input_ids, attention_mask, token_type_ids, position_ids, choices = head.flatten_inputs(
+            input_ids, attention_mask, token_type_ids, position_ids)
         h, info, states = self.encode(input_ids, attention_mask, token_type_ids, position_ids,
                                       output_hidden_states)
-        cfg = self.config
         out = EncoderOutput()
         out.last_hidden_state = self._unpack(h, info)
         if states is not None:
             out.hidden_states = tuple(self._unpack(s, info) for s in states)
-
-        w = {}
-        first = None
-        pooled = None
-        need_first = head in ("base", "pooler", "next_sentence", "sentence_order", "pretraining",
-                              "sequence_classification", "multiple_choice")
-        if need_first:
-            first = self._first_tokens(h, info)
-        if first is not None and self.has_pooler:
-            w.update(self._group("pooler"))
-            pooled = H.pooler(w, first)
-            pooled = pooled.masked_fill((info.lengths == 0)[:, None], 0)
-            out.pooler_output = pooled
-        empty_rows = (info.lengths == 0)[:, None]
-
-        if head in ("masked_lm", "pretraining"):
-            w.update(self._group("mlm"))
-            scores = self._unpack(H.masked_lm(cfg, w, h), info)
-            if head == "masked_lm":
-                out.logits = scores
-            else:
-                out.prediction_logits = scores
-        if head in ("next_sentence", "pretraining", "sentence_order"):
-            # BERT's next-sentence head or ALBERT's sentence-order head: same math.
-            name, alone, field = (("nsp", "next_sentence", "seq_relationship_logits")
-                                  if cfg.family == "bert" else
-                                  ("sop", "sentence_order", "sop_logits"))
-            w.update(self._group(name))
-            rel = F.linear(pooled, w[f"{name}.weight"], w[f"{name}.bias"])
-            setattr(out, "logits" if head == alone else field, rel.masked_fill(empty_rows, 0))
-        if head == "sequence_classification":
-            w.update(self._group("classifier"))
-            out.logits = H.sequence_logits(cfg, w, first, pooled).masked_fill(empty_rows, 0)
-        elif head == "multiple_choice":
-            w.update(self._group("classifier"))
-            scores = H.multiple_choice_scores(cfg, w, first, pooled).masked_fill(empty_rows, 0)
-            out.logits = scores.view(-1, choices)
-        elif head == "token_classification":
-            w.update(self._group("classifier"))
-            out.logits = self._unpack(F.linear(h, w["classifier.out.weight"],
-                                               w["classifier.out.bias"]), info)
-        elif head == "question_answering":
-            w.update(self._group("qa"))
-            qa = self._unpack(F.linear(h, w["qa.weight"], w["qa.bias"]), info)
-            out.start_logits = qa[..., 0].contiguous()
-            out.end_logits = qa[..., -1].contiguous()
-        elif head == "electra_discriminator":
-            w.update(self._group("discriminator"))
-            out.logits = self._unpack(H.discriminator(cfg, w, h), info)
-        return out
+        return head(H.HeadInput(h, info, self._w, lambda t: self._unpack(t, info),
+                                self.backend, choices), out)
 
 
 def from_pretrained(path, device="cpu", dtype: torch.dtype = torch.float32,
