@@ -4,7 +4,7 @@ The other backends (``cpu``, ``cuda``, ``triton``) are tested against these
 functions. Each function takes exactly the arguments of the op contract in
 ``bertfast/ops/__init__.py`` (arguments are already validated there).
 
-Numerics (DESIGN.md): statistics and accumulators in fp32 whatever the storage
+Numerics (docs/design.md): statistics and accumulators in fp32 whatever the storage
 dtype; outputs in the storage dtype of the activations; padded positions are zero.
 """
 from __future__ import annotations
