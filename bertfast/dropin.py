@@ -1,4 +1,5 @@
-"""Drop-in: ``optimize(model)``: run an existing transformers / sentence-transformers model on bertfast.
+"""Drop-in: ``optimize(model)`` runs an existing transformers / sentence-transformers
+model on bertfast.
 
 The model keeps its class, call signature, head modules and output classes; only
 the forward of its encoder (``model.base_model``: ``BertModel``, ``RobertaModel``,
@@ -77,8 +78,8 @@ def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
     batch in the padded layout; see the module docstring).
     """
     if padded_positions not in PADDED_POSITIONS:
-        raise ValueError(f"padded_positions must be one of {', '.join(map(repr, PADDED_POSITIONS))}, "
-                         f"got {padded_positions!r}")
+        choices = ", ".join(map(repr, PADDED_POSITIONS))
+        raise ValueError(f"padded_positions must be one of {choices}, got {padded_positions!r}")
     if _is_sentence_transformer(model):
         found = False
         for module in model.modules():

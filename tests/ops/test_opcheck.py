@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import bertfast
-import bertfast.ops  # noqa: F401  (registers torch.ops.bertfast.*)
+import bertfast.ops  # registers torch.ops.bertfast.*
 
 BACKENDS = [
     pytest.param("torch", id="torch"),
