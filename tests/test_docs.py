@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = re.compile(r"\.(py|md|toml|cpp|h|cu|cuh|cfg|yaml|txt)$|(^|/)run$")
 TOP = ("docs", "benchmarks", "bertfast", "tests", "examples", "kernels", "csrc")
-REPO_PATH = re.compile(r"(?<![\w./<>{}$-])((?:%s)/[\w./-]*\w)(?![\w<*{])" % "|".join(TOP))
+REPO_PATH = re.compile(r"(?<![\w./<>{}$-])((?:" + "|".join(TOP) + r")/[\w./-]*\w)(?![\w<*{])")
 MD_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 R_DEF = re.compile(r"^R=(\S+)\s*$", re.M)
 R_USE = re.compile(r"\$R/([\w.-]+)")
