@@ -2,11 +2,16 @@
 
 Public API (imported lazily so ``import bertfast`` stays cheap):
 
-- ``from_pretrained(path, device="cpu", dtype=torch.float32, backend="auto", head=None)``
-- ``optimize(hf_model, backend="auto", dtype=None)``
-- ``Embedder.from_pretrained(path)`` and ``default_checkpoint()``
+- ``from_pretrained(path, device="cpu", dtype=torch.float32, backend="auto", head=None,
+  cuda_graphs=None)``
+- ``optimize(hf_model, backend="auto", dtype=None, fallback=True, cuda_graphs=None,
+  padded_positions="zeros")``
+- ``Embedder.from_pretrained(path=None, device="cpu", dtype=torch.float32,
+  backend="auto", max_length=None)`` and ``default_checkpoint()``
 - ``backends()`` and ``build_info()``
 - ``EncoderConfig``
+
+README.md documents each of them; docs/design.md explains how they are built.
 """
 from __future__ import annotations
 
