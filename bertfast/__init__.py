@@ -10,6 +10,8 @@ Public API (imported lazily so ``import bertfast`` stays cheap):
   backend="auto", max_length=None)`` and ``default_checkpoint()``
 - ``backends()`` and ``build_info()``
 - ``EncoderConfig``
+- ``CheckpointError`` (the one error for a checkpoint that cannot be loaded, a
+  ``ValueError``) and ``BackendError`` (a backend that cannot run the input)
 
 README.md documents each of them; docs/design.md explains how they are built.
 """
@@ -29,6 +31,7 @@ _LAZY = {
     "backends": "bertfast.info",
     "build_info": "bertfast.info",
     "BackendError": "bertfast.ops.dispatch",
+    "CheckpointError": "bertfast.validate",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -254,7 +254,10 @@ class _FastForward:
             hidden = bool(getattr(config, "output_hidden_states", False))
         return_dict = given.get("return_dict")
         if return_dict is None:
-            return_dict = getattr(config, "use_return_dict", getattr(config, "return_dict", True))
+            # config.return_dict is the supported spelling (transformers 5 deprecates
+            # use_return_dict and logs a warning when it is read); TorchScript means tuples.
+            return_dict = bool(getattr(config, "return_dict", True)) and \
+                not getattr(config, "torchscript", False)
         mask = given.get("attention_mask")
         if (self.padded_positions == "transformers" and isinstance(mask, torch.Tensor)
                 and bool((mask == 0).any())):

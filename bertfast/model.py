@@ -35,6 +35,7 @@ from . import ops
 from .checkpoint import encoder_weight_specs, load_checkpoint
 from .config import EncoderConfig
 from .outputs import EncoderOutput
+from .validate import check_backend, checkpoint_folder, resolve_device
 
 __all__ = ["BertfastModel", "from_pretrained"]
 
@@ -351,15 +352,23 @@ def from_pretrained(path, device="cpu", dtype: torch.dtype = torch.float32,
     ``"torch"``, ``"cpu"``, ``"cuda"``, ``"triton"``). ``cuda_graphs`` (default: on
     for CUDA devices unless ``BERTFAST_CUDA_GRAPHS=0``) replays small batches through
     captured CUDA graphs (``graphs.py``); hidden states and larger batches run the
-    padding-free eager path. Raises ``FileNotFoundError``,
-    ``ValueError`` (``CheckpointError``) or ``TypeError`` with a message naming the
-    problem; nothing is half-loaded.
+    padding-free eager path.
+
+    Everything is checked before any weight is read: ``backend`` (and
+    ``BERTFAST_BACKEND``) x ``device`` x ``dtype`` (a backend that cannot run there is
+    a ``BackendError`` naming the ones that can; a CUDA device with none visible is a
+    ``ValueError``), then the folder. A bad checkpoint raises
+    :class:`~bertfast.validate.CheckpointError` (a missing folder or file is also a
+    ``FileNotFoundError``), a non-floating ``dtype`` a ``TypeError``; nothing is
+    half-loaded.
     """
-    if backend != "auto" and backend not in ops.BACKEND_NAMES:
-        raise ValueError(f"unknown backend {backend!r}; choose one of "
-                         f"{', '.join(('auto',) + ops.BACKEND_NAMES)}")
-    device = torch.device(device)
-    cfg, head, weights = load_checkpoint(os.fspath(path), head=head, dtype=dtype, device=device)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype (torch.float32, torch.float16, "
+                        f"torch.bfloat16), got {dtype!r}")
+    device = resolve_device(device)
+    check_backend(backend, device, dtype)
+    folder = checkpoint_folder(path)
+    cfg, head, weights = load_checkpoint(folder, head=head, dtype=dtype, device=device)
     model = BertfastModel(cfg, weights, head=head, backend=backend)
     if cuda_graphs or (cuda_graphs is None and device.type == "cuda"):
         model.enable_cuda_graphs(cuda_graphs)

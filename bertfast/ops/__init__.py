@@ -98,8 +98,8 @@ class _op:
         return fake
 
     def run(self, *args):
-        if _eager(args[0]):
-            return self.impl(*args)
+        if _eager(args[0]) or not isinstance(args[0], Tensor):
+            return self.impl(*args)  # a non-tensor input: its check raises a clear TypeError
         return self.op(*args)
 
 
@@ -242,9 +242,8 @@ def _(qkv, *rest):
 
 def attention(qkv, attention_mask=None, num_heads: int = 1, scale: Optional[float] = None,
               backend: str = "auto") -> Tensor:
-    if scale is None:
-        scale = (qkv.shape[-1] // 3 // num_heads) ** -0.5
-    return _attention.run(qkv, attention_mask, int(num_heads), float(scale), backend)
+    num_heads, scale = checks.attention_args("attention", qkv, num_heads, scale)
+    return _attention.run(qkv, attention_mask, num_heads, scale, backend)
 
 
 @_op("attention_varlen", ())
@@ -261,10 +260,8 @@ def _(qkv, *rest):
 
 def attention_varlen(qkv, cu_seqlens, max_seqlen: int, num_heads: int,
                      scale: Optional[float] = None, backend: str = "auto") -> Tensor:
-    if scale is None:
-        scale = (qkv.shape[-1] // 3 // num_heads) ** -0.5
-    return _attention_varlen.run(qkv, cu_seqlens, int(max_seqlen), int(num_heads), float(scale),
-                             backend)
+    num_heads, scale = checks.attention_args("attention_varlen", qkv, num_heads, scale)
+    return _attention_varlen.run(qkv, cu_seqlens, int(max_seqlen), num_heads, scale, backend)
 
 
 # ---------------------------------------------------------------- pack / unpack

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import checks
+
 
 @dataclass(frozen=True)
 class PackInfo:
@@ -40,8 +42,10 @@ def pack_info(attention_mask: torch.Tensor) -> PackInfo:
     """Locate the real tokens of a ``[B, S]`` mask (nonzero = real token).
 
     Any mask pattern is allowed (right or left padding, holes); tokens keep their
-    order inside a row. Costs one device-to-host sync (for ``max_seqlen``).
+    order inside a row. Costs one device-to-host sync (for ``max_seqlen``). A mask
+    that is not a 2-D real-valued tensor is a TypeError / ValueError.
     """
+    checks.attention_mask_2d("pack_info", attention_mask)
     B, S = attention_mask.shape
     keep = attention_mask.reshape(-1) != 0
     indices = keep.nonzero().squeeze(1)
