@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .tokenizer import Tokenizer, TokenizerError, model_max_length
-from .validate import CheckpointError, checkpoint_folder
+from .validate import CheckpointError, checkpoint_folder, load_options
 
 __all__ = ["Embedder", "default_checkpoint", "CheckpointError", "POOLING_MODES", "pool"]
 
@@ -246,6 +246,7 @@ class Embedder:
         (``CheckpointError``, which a missing folder also is as a
         ``FileNotFoundError``; ``BackendError``/``ValueError`` for a backend or device
         that cannot run here)."""
+        device = load_options(device, dtype, backend)
         path = default_checkpoint() if path is None else Path(checkpoint_folder(path))
         sentence = read_sentence_config(path)
         limit = model_max_length(path)

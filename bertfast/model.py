@@ -35,7 +35,7 @@ from . import ops
 from .checkpoint import encoder_weight_specs, load_checkpoint
 from .config import EncoderConfig
 from .outputs import EncoderOutput
-from .validate import check_backend, checkpoint_folder, resolve_device
+from .validate import checkpoint_folder, load_options
 
 __all__ = ["BertfastModel", "from_pretrained"]
 
@@ -362,11 +362,7 @@ def from_pretrained(path, device="cpu", dtype: torch.dtype = torch.float32,
     ``FileNotFoundError``), a non-floating ``dtype`` a ``TypeError``; nothing is
     half-loaded.
     """
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype (torch.float32, torch.float16, "
-                        f"torch.bfloat16), got {dtype!r}")
-    device = resolve_device(device)
-    check_backend(backend, device, dtype)
+    device = load_options(device, dtype, backend)
     folder = checkpoint_folder(path)
     cfg, head, weights = load_checkpoint(folder, head=head, dtype=dtype, device=device)
     model = BertfastModel(cfg, weights, head=head, backend=backend)

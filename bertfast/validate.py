@@ -31,6 +31,7 @@ __all__ = [
     "requested_backend",
     "check_backend",
     "runnable_backends",
+    "load_options",
 ]
 
 
@@ -165,3 +166,16 @@ def check_backend(backend, device: torch.device, dtype: torch.dtype) -> str:
     raise dispatch.BackendError(
         f"backend {name!r}{env} cannot run on {device} with {dtype}: {reason}; backends "
         f"that can: {', '.join(['auto'] + here)}")
+
+
+def load_options(device, dtype, backend) -> torch.device:
+    """Check what a load is asked for before any file is read: ``dtype`` a floating
+    torch dtype (TypeError), ``device`` usable here (ValueError), ``backend`` (and
+    ``BERTFAST_BACKEND``) able to run on them (ValueError / BackendError). Returns the
+    device."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype (torch.float32, torch.float16, "
+                        f"torch.bfloat16), got {dtype!r}")
+    device = resolve_device(device)
+    check_backend(backend, device, dtype)
+    return device
