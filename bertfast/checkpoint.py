@@ -280,10 +280,11 @@ def convert(
 ) -> Dict[str, torch.Tensor]:
     """Canonical weights from ``(key, get_tensor)`` pairs.
 
-    ``get_tensor`` is only called for keys the encoder and ``head`` need. Floating
-    tensors are cast to ``dtype`` on ``device`` as they are read (a new tensor; the
-    source is never modified). Raises :class:`CheckpointError` on a wrong shape or
-    missing weights.
+    ``get_tensor`` is only called for keys the encoder and ``head`` need. Tensors are
+    cast to ``dtype`` on ``device`` as they are read (a new tensor; the source is
+    never modified). Raises :class:`CheckpointError` on a wrong shape, a non-floating
+    weight, layers or token-type weights the config does not declare, or missing
+    weights.
     """
     required = encoder_weight_specs(cfg)
     head_req, optional = head_weight_specs(cfg, head)
@@ -299,10 +300,8 @@ def convert(
     H = cfg.hidden_size
     device = torch.device(device)
 
-    def cast(t: torch.Tensor) -> torch.Tensor:
-        if t.is_floating_point():
-            return t.to(device=device, dtype=dtype, copy=False)
-        return t.to(device=device)
+    def cast(t: torch.Tensor) -> torch.Tensor:  # floating point: checked when read
+        return t.to(device=device, dtype=dtype, copy=False)
 
     extra_layers: List[Tuple[object, str]] = []  # (stored index, key) beyond the config
     for key, get in items:

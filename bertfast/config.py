@@ -182,7 +182,7 @@ class EncoderConfig:
         archs = _architectures(raw.get("architectures"), source)
         model_type = raw.get("model_type")
         if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
-            what = (f"has no model_type" if model_type is None
+            what = ("has no model_type" if model_type is None
                     else f"has model_type {model_type!r}, which bertfast does not run")
             arch = f" (architectures: {', '.join(archs)})" if archs else ""
             raise CheckpointError(

@@ -24,7 +24,6 @@ zero. Poolers and first-token heads read each row's first *real* token.
 """
 from __future__ import annotations
 
-import os
 from typing import Dict, Optional
 
 import torch
