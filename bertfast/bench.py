@@ -508,9 +508,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="time only this bertfast backend (default: each usable one)")
     args = p.parse_args(list(argv) if argv is not None else None)
 
-    from .validate import (CheckpointError, check_backend, checkpoint_folder,
-                           resolve_device)
     from .ops.dispatch import BackendError
+    from .validate import CheckpointError, check_backend, checkpoint_folder, resolve_device
 
     try:  # every argument is checked before anything runs: one line, status 2
         device = resolve_device(args.device)

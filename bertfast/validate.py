@@ -14,11 +14,11 @@ what was wrong and what to do, before anything is loaded:
 - :func:`check_backend` checks backend x device x dtype, so a backend that cannot
   run is refused at load, not at the first forward.
 """
+
 from __future__ import annotations
 
 import os
 import re
-from typing import List, Optional
 
 import torch
 
@@ -55,10 +55,12 @@ def _hub_hint(text: str) -> str:
     if not _HUB_ID.match(text) or text in (".", ".."):
         return ""
     local = text.rsplit("/", 1)[-1]
-    return (f"; if {text!r} is a Hugging Face Hub id: bertfast reads local checkpoint "
-            f"folders only, so download it first (`huggingface-cli download {text} "
-            f"--local-dir {local}`, or save_pretrained() of the transformers model and "
-            f"tokenizer) and pass that folder")
+    return (
+        f"; if {text!r} is a Hugging Face Hub id: bertfast reads local checkpoint "
+        f"folders only, so download it first (`huggingface-cli download {text} "
+        f"--local-dir {local}`, or save_pretrained() of the transformers model and "
+        f"tokenizer) and pass that folder"
+    )
 
 
 def checkpoint_folder(path) -> str:
@@ -66,27 +68,27 @@ def checkpoint_folder(path) -> str:
     if isinstance(path, (bytes, bytearray)):
         path = os.fsdecode(bytes(path))
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"checkpoint path must be a str or os.PathLike, got "
-                        f"{type(path).__name__}")
+        raise TypeError(f"checkpoint path must be a str or os.PathLike, got {type(path).__name__}")
     text = os.fspath(path)
     folder = os.path.expanduser(text)
     if not os.path.exists(folder):
-        raise CheckpointNotFoundError(
-            f"checkpoint folder {text} does not exist{_hub_hint(text)}")
+        raise CheckpointNotFoundError(f"checkpoint folder {text} does not exist{_hub_hint(text)}")
     if not os.path.isdir(folder):
         raise CheckpointNotADirectoryError(
             f"checkpoint path {text} is not a folder (expected a Hugging Face checkpoint "
-            f"folder holding config.json and the weights)")
+            f"folder holding config.json and the weights)"
+        )
     if not os.access(folder, os.R_OK | os.X_OK):
         raise CheckpointError(f"checkpoint folder {text} is not readable (permissions)")
     if not os.path.isfile(os.path.join(folder, "config.json")):
         raise CheckpointNotFoundError(
-            f"{text} is not a Hugging Face checkpoint folder: no config.json in it")
+            f"{text} is not a Hugging Face checkpoint folder: no config.json in it"
+        )
     return folder
 
 
 # ---------------------------------------------------------------- devices
-def runnable_backends(device_type: str, dtype: Optional[torch.dtype] = None) -> List[str]:
+def runnable_backends(device_type: str, dtype: torch.dtype | None = None) -> list[str]:
     """Backends that can run on ``device_type`` (and ``dtype``) in this process."""
     from .ops import dispatch
 
@@ -105,7 +107,9 @@ def _no_cuda_reason() -> str:
         return f"this torch ({torch.__version__}) is a CPU-only build"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     extra = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
-    return f"torch {torch.__version__} is built with CUDA {torch.version.cuda} but sees no GPU{extra}"
+    return (
+        f"torch {torch.__version__} is built with CUDA {torch.version.cuda} but sees no GPU{extra}"
+    )
 
 
 def resolve_device(device) -> torch.device:
@@ -119,14 +123,18 @@ def resolve_device(device) -> torch.device:
             here = ", ".join(runnable_backends("cpu")) or "none"
             raise ValueError(
                 f"device {str(device)!r} asked for, but no CUDA device is visible "
-                f"({_no_cuda_reason()}); use device='cpu' (backends that run here: {here})")
+                f"({_no_cuda_reason()}); use device='cpu' (backends that run here: {here})"
+            )
         count = torch.cuda.device_count()
         if dev.index is not None and dev.index >= count:
-            raise ValueError(f"device {str(device)!r} does not exist: torch sees {count} "
-                             f"CUDA device(s) (cuda:0..cuda:{count - 1})")
+            raise ValueError(
+                f"device {str(device)!r} does not exist: torch sees {count} "
+                f"CUDA device(s) (cuda:0..cuda:{count - 1})"
+            )
     elif dev.type != "cpu":
-        raise ValueError(f"device {str(device)!r}: bertfast runs on 'cpu' and 'cuda' devices, "
-                         f"not {dev.type!r}")
+        raise ValueError(
+            f"device {str(device)!r}: bertfast runs on 'cpu' and 'cuda' devices, not {dev.type!r}"
+        )
     return dev
 
 
@@ -165,7 +173,8 @@ def check_backend(backend, device: torch.device, dtype: torch.dtype) -> str:
     here = runnable_backends(device.type, dtype)
     raise dispatch.BackendError(
         f"backend {name!r}{env} cannot run on {device} with {dtype}: {reason}; backends "
-        f"that can: {', '.join(['auto'] + here)}")
+        f"that can: {', '.join(['auto'] + here)}"
+    )
 
 
 def load_options(device, dtype, backend) -> torch.device:
@@ -174,8 +183,10 @@ def load_options(device, dtype, backend) -> torch.device:
     ``BERTFAST_BACKEND``) able to run on them (ValueError / BackendError). Returns the
     device."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype (torch.float32, torch.float16, "
-                        f"torch.bfloat16), got {dtype!r}")
+        raise TypeError(
+            f"dtype must be a floating torch.dtype (torch.float32, torch.float16, "
+            f"torch.bfloat16), got {dtype!r}"
+        )
     device = resolve_device(device)
     check_backend(backend, device, dtype)
     return device

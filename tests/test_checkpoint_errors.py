@@ -11,11 +11,16 @@ import pytest
 import torch
 
 import bertfast
-from bertfast.checkpoint import (CheckpointError, canonical_name, convert,
-                                 encoder_weight_specs, load_checkpoint)
+from bertfast.checkpoint import (
+    CheckpointError,
+    canonical_name,
+    convert,
+    encoder_weight_specs,
+    load_checkpoint,
+)
 from bertfast.config import SUPPORTED_MODEL_TYPES, EncoderConfig
 from bertfast.heads import HEADS
-from tests.models import build, edit_config, rename_keys, save
+from tests.models import build, edit_config, save
 
 
 @pytest.fixture(scope="module")
