@@ -24,6 +24,8 @@ zero. Poolers and first-token heads read each row's first *real* token.
 """
 from __future__ import annotations
 
+import contextlib
+import re
 from typing import Dict, Optional
 
 import torch
@@ -31,6 +33,7 @@ from torch import nn
 
 from . import heads as H
 from . import ops
+from .ops import cpu_weights as _cpu_weights
 from .checkpoint import encoder_weight_specs, load_checkpoint
 from .config import EncoderConfig
 from .outputs import EncoderOutput
@@ -46,6 +49,8 @@ class _Holder(nn.Module):
 
 
 def _attach(root: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """Register ``tensor`` as the parameter ``name`` (creating holders on the way),
+    or replace the parameter already there."""
     *path, leaf = name.split(".")
     mod = root
     for part in path:
@@ -54,7 +59,16 @@ def _attach(root: nn.Module, name: str, tensor: torch.Tensor) -> None:
             child = _Holder()
             mod.add_module(part, child)
         mod = child
+    if isinstance(tensor, nn.Parameter):
+        tensor = tensor.data if not _cpu_weights.is_packed(tensor) else tensor
+    mod._parameters.pop(leaf, None)
     mod.register_parameter(leaf, nn.Parameter(tensor, requires_grad=False))
+
+
+#: Matrices that are not linear-layer weights (embedding tables, read by row).
+#: Every other 2-D weight (encoder and head dense layers) is read only by
+#: ops.linear / ops.linear_gelu: what an owned fp32 CPU model keeps packed.
+_TABLES = re.compile(r"^embeddings\.(word|position|token_type)$")
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
@@ -90,7 +104,12 @@ class BertfastModel(nn.Module):
     """
 
     def __init__(self, config: EncoderConfig, weights: Dict[str, torch.Tensor],
-                 head: str = "base", backend: str = "auto"):
+                 head: str = "base", backend: str = "auto", own_weights: bool = False):
+        """``own_weights=True`` (what ``from_pretrained`` passes): the tensors in
+        ``weights`` belong to this model alone, so on CPU in fp32, where the C++ GEMM
+        runs the linear layers, they are packed once and kept only packed (see
+        :meth:`refresh`). ``False`` (``optimize()``): they are the caller's and are
+        used as they are, never copied."""
         super().__init__()
         self.config = config
         self.head = H.resolve_head(config, head)  # its name (str)
@@ -108,8 +127,97 @@ class BertfastModel(nn.Module):
             _attach(self, name, tensor)
         # The head module, chosen once here; it holds no weights (it reads them by name).
         self.task_head = H.build_head(config, self.head)
+        self._owns_weights = bool(own_weights)
         self._graphs = None
         self.eval()
+        if self._owns_weights:
+            self._pack_weights()
+
+    # ---------------------------------------------------------------- weights
+    def _packable(self):
+        """(name, tensor) of the linear-layer weights; a weight tied to an embedding
+        table (the MLM decoder, usually) stays plain with it."""
+        params = list(self.named_parameters(remove_duplicate=False))
+        tables = {p.untyped_storage().data_ptr() for n, p in params
+                  if _TABLES.match(n) and not _cpu_weights.is_packed(p)}
+        for name, p in params:
+            if p.dim() != 2 or _TABLES.match(name):
+                continue
+            if not _cpu_weights.is_packed(p) and p.untyped_storage().data_ptr() in tables:
+                continue
+            yield name, p
+
+    def _pack_weights(self) -> None:
+        if not _cpu_weights.can_pack(self.backend, self.device, self.dtype):
+            return
+        seen = {}
+        for name, p in list(self._packable()):
+            if _cpu_weights.is_packed(p) or p.device.type != "cpu" or p.dtype != torch.float32:
+                continue
+            key = (p.data_ptr(), tuple(p.shape), tuple(p.stride()))
+            if key not in seen:  # ALBERT-style shared tensors stay shared
+                seen[key] = _cpu_weights.PackedWeight.of(p)
+            _attach(self, name, seen[key])
+
+    def unpack_weights(self) -> "BertfastModel":
+        """Make every packed weight a plain, writable tensor again (still one copy)
+        and stop packing until :meth:`refresh`. Edit the weights in any way
+        (``.data[...] =``, ``copy_`` under ``no_grad``, NumPy views,
+        ``load_state_dict``), then call :meth:`refresh` for the packed speed; an
+        unpacked model computes with its weights as they are at every call."""
+        seen = {}
+        for name, p in list(self._packable()):
+            if _cpu_weights.is_packed(p):
+                if id(p._packed) not in seen:  # shared (ALBERT) weights stay shared
+                    seen[id(p._packed)] = p.dense()
+                _attach(self, name, seen[id(p._packed)])
+        return self
+
+    def refresh(self) -> "BertfastModel":
+        """Re-read the model's weights after editing them: packs the CPU fp32
+        linear weights again (a model ``from_pretrained`` loaded; see
+        :meth:`unpack_weights`) and drops captured CUDA graphs, which hold the
+        addresses of the tensors they were captured with (needed after a
+        parameter was replaced, e.g. ``p.data = other``)."""
+        if self._owns_weights:
+            self._pack_weights()
+        if self._graphs is not None:
+            from .graphs import GraphCache
+
+            self._graphs = GraphCache(self, capture=self._graphs.capture)
+        return self
+
+    @contextlib.contextmanager
+    def edit_weights(self):
+        """``with model.edit_weights(): ...``: :meth:`unpack_weights` on entry,
+        :meth:`refresh` on exit."""
+        self.unpack_weights()
+        try:
+            yield self
+        finally:
+            self.refresh()
+
+    def weight_nbytes(self) -> int:
+        """Bytes held by the model's tensors (parameters and buffers, shared storage
+        counted once; packed weights by their panels)."""
+        seen, total = set(), 0
+        for t in [p for _, p in self.named_parameters(remove_duplicate=False)] + list(self.buffers()):
+            packed = getattr(t, "_packed", None) if _cpu_weights.is_packed(t) else None
+            key = id(packed) if packed is not None else t.untyped_storage().data_ptr()
+            if key not in seen:
+                seen.add(key)
+                total += _cpu_weights.tensor_bytes(t)
+        return total
+
+    def _apply(self, fn, recurse=True):
+        # .to() / .half() / .cuda(): convert plain tensors; an owned model packs
+        # again when it (still, or again) runs on the C++ GEMM.
+        if any(_cpu_weights.is_packed(p) for _, p in self._packable()):
+            self.unpack_weights()
+        out = super()._apply(fn, recurse)
+        if getattr(self, "_owns_weights", False):
+            self._pack_weights()
+        return out
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -364,7 +472,7 @@ def from_pretrained(path, device="cpu", dtype: torch.dtype = torch.float32,
     device = load_options(device, dtype, backend)
     folder = checkpoint_folder(path)
     cfg, head, weights = load_checkpoint(folder, head=head, dtype=dtype, device=device)
-    model = BertfastModel(cfg, weights, head=head, backend=backend)
+    model = BertfastModel(cfg, weights, head=head, backend=backend, own_weights=True)
     if cuda_graphs or (cuda_graphs is None and device.type == "cuda"):
         model.enable_cuda_graphs(cuda_graphs)
     return model
