@@ -385,21 +385,49 @@ def test_linear_gelu_fp32_uses_fused_gemm_and_threads_agree():
     assert torch.equal(ops.linear_gelu(x, wt, b, backend="cpu"), one)
 
 
-def test_packed_weight_cache_follows_in_place_updates_and_frees():
-    import gc
+@pytest.mark.parametrize("pack_rows", [None, 0], ids=["f_linear", "pack_per_call"])
+def test_plain_weights_are_read_at_every_call(pack_rows, monkeypatch):
+    """No packed-weight cache: every write to a plain weight is seen by the next call
+    (in place, through .data, through a view under no_grad, through NumPy)."""
+    from bertfast.ops import cpu_weights
 
-    from bertfast.ops import cpu as cpu_mod
-
+    monkeypatch.setattr(cpu_weights, "PACK_MIN_ROWS", pack_rows)
     g = _gen(16)
-    x, w = torch.randn(9, 48, generator=g), torch.randn(70, 48, generator=g)
-    first = cpu_mod.linear(x, w)
-    assert id(w) in cpu_mod._pack_cache
-    w.mul_(-2)  # in place: version counter moves, the packed copy must be rebuilt
-    torch.testing.assert_close(cpu_mod.linear(x, w), -2 * first, rtol=1e-5, atol=1e-5)
-    ident = id(w)
-    del w
-    gc.collect()
-    assert ident not in cpu_mod._pack_cache
+    x, w, b = torch.randn(9, 48, generator=g), torch.randn(70, 48, generator=g), torch.randn(70)
+    for write in (lambda: w.mul_(-2), lambda: w.data.__setitem__(3, 0.5),
+                  lambda: w[5:9].copy_(torch.ones(4, 48)),
+                  lambda: w.numpy().__setitem__(7, 2.0)):
+        ops.linear(x, w, b, backend="cpu")
+        with torch.no_grad():
+            write()
+        torch.testing.assert_close(ops.linear(x, w, b, backend="cpu"), F.linear(x, w, b),
+                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ops.linear_gelu(x, w, b, "gelu", backend="cpu"),
+                                   F.gelu(F.linear(x, w, b)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act", [None, "gelu", "gelu_tanh", "relu"])
+def test_packed_weight_runs_the_cpp_gemm(act):
+    """A PackedWeight (what from_pretrained keeps) on the C++ GEMM matches torch,
+    with 1 and 2 threads, and reads back as the weight it was packed from."""
+    from bertfast.ops import cpu_weights
+
+    g = _gen(17)
+    x, w, b = torch.randn(2, 70, 96, generator=g), torch.randn(200, 96, generator=g), torch.randn(200)
+    pw = cpu_weights.PackedWeight.of(w)
+    assert torch.equal(pw.dense(), w) and torch.equal(pw + 0, w)
+    ref = F.linear(x, w, b)
+    if act is not None:
+        ref = {"gelu": F.gelu, "relu": F.relu,
+               "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[act](ref)
+    with _threads(1):
+        one = (ops.linear(x, pw, b, backend="cpu") if act is None
+               else ops.linear_gelu(x, pw, b, act, backend="cpu"))
+    with _threads(2):
+        two = (ops.linear(x, pw, b, backend="cpu") if act is None
+               else ops.linear_gelu(x, pw, b, act, backend="cpu"))
+    assert torch.equal(one, two)
+    torch.testing.assert_close(one, ref, rtol=1e-5, atol=5e-5)
 
 
 # ---------------------------------------------------------------- dtype fallback
