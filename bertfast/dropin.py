@@ -9,7 +9,13 @@ bertfast's padding-free encoder, which reads the model's own weight tensors:
 - weights are shared, not copied: bertfast's canonical weights alias the model's
   parameters, and the fused ``[3H, H]`` QKV matrix becomes the storage of the
   model's query/key/value parameters (they are re-pointed at views of it), so
-  memory after ``optimize()`` stays at the size of the original model;
+  memory after ``optimize()`` stays at the size of the original model. Nothing is
+  cached from them either (no packed copies, see bertfast/ops/cpu_weights.py):
+  every call reads the parameters as they are, so any in-place edit (``.data[...]
+  =``, ``copy_`` on a view, a NumPy array sharing the memory, ``load_state_dict``)
+  is seen by the next call, and a parameter given a new tensor (``p.data = t``,
+  ``module.weight = Parameter(t)``, ``model.to(...)``) is noticed by a pointer check
+  per call and the encoder rebuilt over it;
 - heads (classifiers, LM heads, QA...) run unchanged on bertfast's encoder output;
 - arguments bertfast does not implement (``output_attentions=True``, ``head_mask``,
   ``inputs_embeds``, ``past_key_values``, cross-attention inputs, ...) or a model in
@@ -201,11 +207,20 @@ class _FastForward:
         self.fast = BertfastModel(self.cfg, weights, head="base", backend=self.backend)
         if self.cuda_graphs is not False:
             self.fast.enable_cuda_graphs(self.cuda_graphs)
-        self._anchor_ptr = (anchor.data_ptr(), anchor.device, anchor.dtype)
+        # (parameter dict, name) of every parameter: checked per call without walking
+        # the module tree (a module given a new Parameter shows in its dict).
+        self._param_slots = [(mod._parameters, name) for mod in self.base.modules()
+                             for name, p in mod._parameters.items() if p is not None]
+        self._params_key = self._params_now()
+
+    def _params_now(self):
+        """Where every parameter of the module lives now (cheap: no data read; a
+        cast or a move makes new storage too)."""
+        return [d[name].data_ptr() if d.get(name) is not None else 0
+                for d, name in self._param_slots]
 
     def _stale(self) -> bool:
-        a = self._anchor()
-        return (a.data_ptr(), a.device, a.dtype) != self._anchor_ptr
+        return self._params_now() != self._params_key
 
     # ----------------------------------------------------------- forward
     def _why_fallback(self, args) -> Optional[str]:
@@ -245,7 +260,7 @@ class _FastForward:
                 warnings.warn(f"bertfast: {reason}; running the original transformers "
                               f"forward for such calls", stacklevel=2)
             return self.original(*args, **kwargs)
-        if self._stale():  # the user moved or cast the model since optimize()
+        if self._stale():  # the user moved, cast or replaced parameters since optimize()
             self.rebuild()
 
         config = self.base.config

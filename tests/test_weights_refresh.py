@@ -266,3 +266,22 @@ def test_optimize_under_inference_mode(backend):
     with torch.inference_mode():
         for _ in range(2):
             _check(_ref(model, batch), _ref(ref, batch), batch, "optimize inference_mode")
+
+
+@pytest.mark.parametrize("way", ["data_rebind", "new_parameter"])
+def test_optimize_sees_replaced_parameters(way):
+    model, ref = _optimized("auto")
+    batch = make_batch("bert")
+    _ref(model, batch)
+    q_rows, q_val, f_rows, f_val = _edits(model.config.hidden_size)
+    for m in (model, ref):
+        for layer_idx, mod_name, rows, val in ((0, "q", q_rows, q_val), (1, "f", f_rows, f_val)):
+            layer = m.encoder.layer[layer_idx]
+            mod = layer.attention.self.query if mod_name == "q" else layer.intermediate.dense
+            new = mod.weight.detach().clone()
+            new[rows] = val
+            if way == "data_rebind" or m is ref:
+                mod.weight.data = new
+            else:
+                mod.weight = torch.nn.Parameter(new, requires_grad=False)
+    _check(_ref(model, batch), _ref(ref, batch), batch, f"optimize {way}")

@@ -248,6 +248,14 @@ def test_linear_gelu_epilogue_nonfinite(backend, act):
     largs = (x, w, bias)
     out = _run("linear", backend, largs)
     assert_same_nonfinite(out, _gold("linear", largs), 5e-5, f"linear[{backend}]")
+    if backend == "cpu":  # the C++ GEMM and its epilogue (a weight packed at load)
+        from bertfast.ops import cpu_weights
+
+        pw = cpu_weights.PackedWeight.of(w)
+        out = ops.linear_gelu(x, pw, bias, act, backend="cpu")
+        assert_same_nonfinite(out, gold, 5e-5, f"linear_gelu[packed, {act}]")
+        out = ops.linear(x, pw, bias, backend="cpu")
+        assert_same_nonfinite(out, _gold("linear", largs), 5e-5, "linear[packed]")
 
 
 def test_add_layernorm_nonfinite(backend):
