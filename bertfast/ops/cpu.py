@@ -5,9 +5,11 @@ here (makes inputs contiguous, allocates outputs with torch, passes
 ``data_ptr()`` addresses, sizes and ``torch.get_num_threads()``; the C++ side
 releases the GIL), and the registered op in ``bertfast/ops/__init__.py``.
 
-Storage dtypes fp32, fp16 and bf16, math in fp32. ``linear_gelu`` in fp32 runs
-the C++ GEMM with bias + activation fused in its epilogue; in fp16 / bf16 it is
-``torch.matmul`` + the in-place bias/GELU kernel.
+Storage dtypes fp32, fp16 and bf16, math in fp32. ``linear`` / ``linear_gelu`` in
+fp32 run the C++ GEMM with bias + activation fused in its epilogue on weights a
+loaded model owns packed (``cpu_weights.PackedWeight``), and ``F.linear`` + the
+bias/activation kernel on any other weight, read afresh at every call (no cache;
+see ``cpu_weights.py``); in fp16 / bf16 they are ``torch.matmul`` + that kernel.
 """
 from __future__ import annotations
 
