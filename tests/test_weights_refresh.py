@@ -15,6 +15,7 @@ Reference: transformers computing with the same (edited) weights, fp32; toleranc
 from __future__ import annotations
 
 import copy
+import io
 import os
 
 import pytest
@@ -184,6 +185,11 @@ def test_packed_model_reads_copies_and_converts(bert):
     torch.testing.assert_close(w + 0, hf.encoder.layer[0].attention.output.dense.weight,
                                rtol=0, atol=0)
     _check(copy.deepcopy(model)(**batch).last_hidden_state, expected, batch, "deepcopy")
+    buf = io.BytesIO()  # saved as the plain weights
+    torch.save(model.state_dict(), buf)
+    buf.seek(0)
+    saved = torch.load(buf)["layers.0.attn_out.weight"]
+    assert type(saved) is torch.Tensor and torch.equal(saved, w + 0)
     model.to(torch.float64)  # converted plain (no C++ GEMM in fp64), still right
     assert not cpu_weights.is_packed(_layer(model, 0).qkv.weight)
     _check(model(**batch).last_hidden_state.float(), expected, batch, "float64")

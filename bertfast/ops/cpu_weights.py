@@ -139,7 +139,7 @@ class PackedWeight(Tensor):
         return PackedWeight(self._packed.clone(), self.shape, self._nr)
 
     def __reduce_ex__(self, proto):  # pickles / saves as the plain weight
-        return (_rebuild_dense, (self.dense(),))
+        return self.dense().__reduce_ex__(proto)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -185,10 +185,6 @@ class _ReadOnlyView(Tensor):
         return f"ReadOnlyWeightView({self._dense!r})"
 
     __torch_dispatch__ = PackedWeight.__dict__["__torch_dispatch__"]
-
-
-def _rebuild_dense(t: Tensor) -> Tensor:
-    return t
 
 
 def is_packed(t) -> bool:
