@@ -150,12 +150,15 @@ class _FastForward:
         self.original = base.forward
         self.signature = inspect.signature(self.original)
         self.output_cls = None
+        self.output_fields = frozenset()
         self.fast: Optional[BertfastModel] = None
         self._warned = set()
 
     # ----------------------------------------------------------- install
     def install(self):
         self.output_cls = self._probe_output_class()
+        # Read once here: dataclasses.fields() of it cannot be traced by torch.compile.
+        self.output_fields = frozenset(f.name for f in dataclasses.fields(self.output_cls))
         self.rebuild()
         # Plain attributes (not submodules): state_dict / save_pretrained are unchanged.
         object.__setattr__(self.base, "_bertfast_state", self)
@@ -205,6 +208,10 @@ class _FastForward:
 
     def _stale(self) -> bool:
         a = self._anchor()
+        if torch.compiler.is_compiling():
+            # data_ptr() cannot be traced; a move or cast changes device or dtype, which
+            # the compiled graph's guards check as well.
+            return (a.device, a.dtype) != self._anchor_ptr[1:]
         return (a.data_ptr(), a.device, a.dtype) != self._anchor_ptr
 
     # ----------------------------------------------------------- forward
@@ -246,6 +253,10 @@ class _FastForward:
                               f"forward for such calls", stacklevel=2)
             return self.original(*args, **kwargs)
         if self._stale():  # the user moved or cast the model since optimize()
+            if torch.compiler.is_compiling():
+                raise RuntimeError("bertfast.optimize: the model was moved or cast after "
+                                   "optimize(); call it once outside torch.compile (or "
+                                   "optimize() it again) before compiling")
             self.rebuild()
 
         config = self.base.config
@@ -268,9 +279,8 @@ class _FastForward:
                             token_type_ids=given.get("token_type_ids"),
                             position_ids=given.get("position_ids"),
                             output_hidden_states=hidden)
-        names = {f.name for f in dataclasses.fields(self.output_cls)}
         fields = {"last_hidden_state": out.last_hidden_state}
-        if "pooler_output" in names:
+        if "pooler_output" in self.output_fields:
             fields["pooler_output"] = out.get("pooler_output")
         if hidden:
             fields["hidden_states"] = out.hidden_states
