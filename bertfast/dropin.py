@@ -156,12 +156,15 @@ class _FastForward:
         self.original = base.forward
         self.signature = inspect.signature(self.original)
         self.output_cls = None
+        self.output_fields = frozenset()
         self.fast: Optional[BertfastModel] = None
         self._warned = set()
 
     # ----------------------------------------------------------- install
     def install(self):
         self.output_cls = self._probe_output_class()
+        # Read once here: dataclasses.fields() of it cannot be traced by torch.compile.
+        self.output_fields = frozenset(f.name for f in dataclasses.fields(self.output_cls))
         self.rebuild()
         # Plain attributes (not submodules): state_dict / save_pretrained are unchanged.
         object.__setattr__(self.base, "_bertfast_state", self)
@@ -212,6 +215,7 @@ class _FastForward:
         self._param_slots = [(mod._parameters, name) for mod in self.base.modules()
                              for name, p in mod._parameters.items() if p is not None]
         self._params_key = self._params_now()
+        self._anchor_meta = (anchor.device, anchor.dtype)
 
     def _params_now(self):
         """Where every parameter of the module lives now (cheap: no data read; a
@@ -220,6 +224,15 @@ class _FastForward:
                 for d, name in self._param_slots]
 
     def _stale(self) -> bool:
+        if torch.compiler.is_compiling():
+            # data_ptr() cannot be traced: compare device and dtype, and refuse to rebuild
+            # inside a graph (the caller runs the model once eagerly first).
+            a = self._anchor()
+            if (a.device, a.dtype) != self._anchor_meta:
+                raise RuntimeError("bertfast.optimize: the model was moved or cast after "
+                                   "optimize(); call it once outside torch.compile (or "
+                                   "optimize() it again) before compiling")
+            return False
         return self._params_now() != self._params_key
 
     # ----------------------------------------------------------- forward
@@ -283,9 +296,8 @@ class _FastForward:
                             token_type_ids=given.get("token_type_ids"),
                             position_ids=given.get("position_ids"),
                             output_hidden_states=hidden)
-        names = {f.name for f in dataclasses.fields(self.output_cls)}
         fields = {"last_hidden_state": out.last_hidden_state}
-        if "pooler_output" in names:
+        if "pooler_output" in self.output_fields:
             fields["pooler_output"] = out.get("pooler_output")
         if hidden:
             fields["hidden_states"] = out.hidden_states

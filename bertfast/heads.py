@@ -54,7 +54,6 @@ the same GEMM as the encoder. The one plain torch op is the masked-LM LayerNorm
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -235,7 +234,11 @@ def activation(x: torch.Tensor, kind: Optional[str]) -> torch.Tensor:
 def first_tokens(tokens: torch.Tensor, info: PackInfo) -> torch.Tensor:
     """``[B, H]``: each row's first real token of the packed ``tokens`` ``[T, H]``;
     zeros for rows with no real token."""
-    if tokens.shape[0] == 0:
+    if torch.compiler.is_compiling():
+        # The token count is data-dependent there: no branch on it. A zero row after
+        # the tokens keeps every index valid, even for a batch with no token at all.
+        tokens = torch.cat([tokens, tokens.new_zeros(1, tokens.shape[-1])])
+    elif tokens.shape[0] == 0:
         return tokens.new_zeros(info.batch, tokens.shape[-1])
     first = tokens.index_select(0, info.first_token)
     return first.masked_fill((info.lengths == 0)[:, None], 0)
@@ -276,21 +279,31 @@ class HeadInput:
         self.unpack = unpack
         self.backend = backend
         self.num_choices = num_choices
+        # Computed on first use. (Not functools.cached_property: before Python 3.12 it
+        # takes a lock, which torch.compile cannot trace.)
+        self._cache = {}
 
-    @functools.cached_property
+    def _once(self, name: str, compute):
+        if name not in self._cache:
+            self._cache[name] = compute()
+        return self._cache[name]
+
+    @property
     def empty_rows(self) -> torch.Tensor:
         """``[B, 1]`` bool: rows whose attention mask has no real token."""
-        return (self.info.lengths == 0)[:, None]
+        return self._once("empty_rows", lambda: (self.info.lengths == 0)[:, None])
 
-    @functools.cached_property
+    @property
     def first(self) -> torch.Tensor:
-        return first_tokens(self.tokens, self.info)
+        return self._once("first", lambda: first_tokens(self.tokens, self.info))
 
-    @functools.cached_property
+    @property
     def pooled(self) -> Optional[torch.Tensor]:
-        if self.weight("pooler.weight") is None:
-            return None
-        return pool(self.weight, self.first, self.backend).masked_fill(self.empty_rows, 0)
+        def compute():
+            if self.weight("pooler.weight") is None:
+                return None
+            return pool(self.weight, self.first, self.backend).masked_fill(self.empty_rows, 0)
+        return self._once("pooled", compute)
 
     def dense(self, name: str, x: torch.Tensor, act: Optional[str] = None) -> torch.Tensor:
         return dense(self.weight, name, x, act, self.backend)

@@ -8,8 +8,8 @@ Forward pass (``H`` hidden, ``T`` real tokens of the batch):
 1. validate the inputs (ids, shapes, dtypes, devices, ranges) before any kernel;
 2. position ids in the padded layout, as the family does (BERT-style ``arange``;
    RoBERTa ``cumsum(ids != pad) * (ids != pad) + pad``), unless given;
-3. ``info = ops.pack_info(attention_mask)``; ids, positions and token types are
-   gathered to ``[T]`` with ``ops.pack_tokens``;
+3. ``info = ops.pack_info_from_counts(...)`` (``ops.pack_info`` while compiling);
+   ids, positions and token types are gathered to ``[T]`` with ``ops.pack_tokens``;
 4. ``ops.embed_layernorm`` on the packed tokens, then the ALBERT/ELECTRA projection;
 5. per layer: ``qkv = ops.linear(h, Wqkv, bqkv)``, ``ops.attention_varlen``,
    ``ops.linear`` (output projection, bias folded into) ``ops.add_layernorm``,
@@ -17,6 +17,13 @@ Forward pass (``H`` hidden, ``T`` real tokens of the batch):
    ALBERT runs its shared layers by ``EncoderConfig.layer_schedule()``;
 6. heads on packed tokens / first real tokens; ``ops.unpack_tokens`` scatters
    ``[T, ...]`` back to ``[B, S, ...]`` only at the end.
+
+Host syncs: the value checks of step 1 and the packing counts of step 3 (real
+tokens, longest row) are read back to the host in one transfer; the ops after it
+are called with ``validate=False`` and nothing else in the forward pass waits for
+the device (``tests/test_host_syncs.py`` counts it). ``torch.compile(model,
+fullgraph=True)`` traces the whole forward as one graph (value checks are skipped
+while tracing; see ``ops/padding.py`` for the data-dependent token count).
 
 Padding: outputs at padded positions are zero. A row whose attention mask is all
 zeros has no real token: all its outputs (hidden states, pooler output, logits) are
@@ -247,7 +254,8 @@ class BertfastModel(nn.Module):
                 f"hidden={c.hidden_size}, heads={c.num_heads}, backend={self.backend!r}")
 
     # ------------------------------------------------------------ validation
-    def _check_ids(self, name: str, t, shape, limit: Optional[int], what: str):
+    def _check_ids(self, name: str, t, shape):
+        """Type, dtype, shape and device of an integer id tensor (no device read)."""
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in _INT_DTYPES:
@@ -258,13 +266,26 @@ class BertfastModel(nn.Module):
         if not _same_device(t.device, self.device):
             raise ValueError(f"{name} is on {t.device} but the model is on {self.device}; "
                              f"move the inputs with .to({str(self.device)!r})")
-        if limit is not None and t.numel():
-            lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one device sync
-            if lo < 0 or hi >= limit:
-                bad = lo if lo < 0 else hi
-                raise IndexError(f"{name} contains {bad}, outside [0, {limit}) ({what})")
 
     def _prepare(self, input_ids, attention_mask, token_type_ids, position_ids):
+        """Validated ``(attention_mask, token_type_ids, position_ids)`` (see
+        ``_prepare_counted``)."""
+        return self._prepare_counted(input_ids, attention_mask, token_type_ids,
+                                     position_ids)[:3]
+
+    def _prepare_counted(self, input_ids, attention_mask, token_type_ids, position_ids):
+        """Validate the inputs and fill in the defaults; returns ``(mask, token types or
+        None, positions, counts)``.
+
+        Metadata (types, shapes, devices) is checked first. The value checks (id
+        ranges, the RoBERTa position limit, all-zero token types for families without
+        them) and the packing counts (real tokens, longest row) are then read back to
+        the host together: *one* device-to-host transfer per forward, after which no
+        op of the forward pass reads device memory on the host. ``counts`` is
+        ``(keep, lengths, total, max_seqlen)`` for ``ops.pack_info_from_counts``, or
+        None while compiling (value checks need the values, so they are skipped when
+        tracing; the kernels are bounds-safe regardless).
+        """
         cfg = self.config
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
@@ -274,7 +295,7 @@ class BertfastModel(nn.Module):
         B, S = input_ids.shape
         if B == 0 or S == 0:
             raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
-        self._check_ids("input_ids", input_ids, None, cfg.vocab_size, "vocabulary size")
+        self._check_ids("input_ids", input_ids, None)
 
         if attention_mask is None:
             attention_mask = torch.ones(B, S, dtype=torch.int32, device=input_ids.device)
@@ -291,15 +312,28 @@ class BertfastModel(nn.Module):
             if attention_mask.is_complex():
                 raise TypeError("attention_mask must be a real (bool/int/float) tensor")
 
+        # Value checks, as (tensors to read, check of the values read); run at the end.
+        pending = []
+
+        def in_range(name, t, limit, what):
+            def check(lo, hi):
+                if lo < 0 or hi >= limit:
+                    bad = lo if lo < 0 else hi
+                    raise IndexError(f"{name} contains {bad}, outside [0, {limit}) ({what})")
+            pending.append((torch.aminmax(t), check))
+
+        in_range("input_ids", input_ids, cfg.vocab_size, "vocabulary size")
         if token_type_ids is not None:
+            self._check_ids("token_type_ids", token_type_ids, (B, S))
             if cfg.has_token_types:
-                self._check_ids("token_type_ids", token_type_ids, (B, S), cfg.type_vocab_size,
-                                "type_vocab_size")
+                in_range("token_type_ids", token_type_ids, cfg.type_vocab_size,
+                         "type_vocab_size")
             else:
-                self._check_ids("token_type_ids", token_type_ids, (B, S), None, "")
-                if bool((token_type_ids != 0).any()):
-                    raise ValueError(f"{cfg.model_type} has no token type embeddings: "
-                                     f"token_type_ids must be omitted or all zero")
+                def all_zero(nonzero):
+                    if nonzero:
+                        raise ValueError(f"{cfg.model_type} has no token type embeddings: "
+                                         f"token_type_ids must be omitted or all zero")
+                pending.append((((token_type_ids != 0).any(),), all_zero))
                 token_type_ids = None
         if cfg.has_token_types and token_type_ids is None:
             token_type_ids = torch.zeros(B, S, dtype=torch.long, device=input_ids.device)
@@ -309,33 +343,54 @@ class BertfastModel(nn.Module):
                 position_ids = position_ids.unsqueeze(0)
             if isinstance(position_ids, torch.Tensor) and tuple(position_ids.shape) == (1, S):
                 position_ids = position_ids.expand(B, S)
-            self._check_ids("position_ids", position_ids, (B, S), cfg.max_position_embeddings,
-                            "max_position_embeddings")
+            self._check_ids("position_ids", position_ids, (B, S))
+            in_range("position_ids", position_ids, cfg.max_position_embeddings,
+                     "max_position_embeddings")
         else:
+            def fits(top):
+                if top >= cfg.max_position_embeddings:
+                    raise ValueError(
+                        f"sequence of {S} tokens needs position id {top}, but "
+                        f"max_position_embeddings is {cfg.max_position_embeddings} "
+                        f"(at most {cfg.max_seq_len} tokens for {cfg.model_type})")
             if cfg.position_scheme == "roberta":
                 real = input_ids.ne(cfg.pad_token_id).long()
                 position_ids = torch.cumsum(real, 1) * real + cfg.pad_token_id
-                top = int(position_ids.max())
+                pending.append(((position_ids.max(),), fits))
             else:
                 position_ids = torch.arange(S, device=input_ids.device).expand(B, S)
-                top = S - 1
-            if top >= cfg.max_position_embeddings:
-                raise ValueError(
-                    f"sequence of {S} tokens needs position id {top}, but "
-                    f"max_position_embeddings is {cfg.max_position_embeddings} "
-                    f"(at most {cfg.max_seq_len} tokens for {cfg.model_type})")
-        return attention_mask, token_type_ids, position_ids
+                fits(S - 1)
+
+        keep, lengths = ops.padding.mask_lengths(attention_mask)
+        if torch.compiler.is_compiling():
+            return attention_mask, token_type_ids, position_ids, None
+        # The one device -> host read of the forward pass.
+        scalars = [t for tensors, _ in pending for t in tensors]
+        scalars += [lengths.sum(), lengths.max()]
+        values = torch.stack([t.to(torch.int64) for t in scalars]).tolist()
+        at = 0
+        for tensors, check in pending:
+            check(*values[at:at + len(tensors)])
+            at += len(tensors)
+        total, longest = values[at:]
+        return attention_mask, token_type_ids, position_ids, (keep, lengths, total, longest)
 
     # ------------------------------------------------------------------- pack
+    def _pack_info(self, mask: torch.Tensor, counts):
+        if counts is None:  # compiling: the traced pack_info (no value known here)
+            return ops.pack_info(mask)
+        return ops.pack_info_from_counts(mask, *counts)
+
     def _pack(self, x: torch.Tensor, info) -> torch.Tensor:
         """Gather the real tokens of an integer ``[B, S]`` tensor -> ``[T]`` int64."""
         x = x.reshape(-1)
         if x.dtype != torch.int64:
             x = x.long()
-        return ops.pack_tokens(x, info.indices, backend=self.backend)
+        return ops.pack_tokens(x, info.indices, backend=self.backend, validate=False)
 
     def _unpack(self, x: torch.Tensor, info) -> torch.Tensor:
-        out = ops.unpack_tokens(x, info.indices, info.batch * info.seqlen, backend=self.backend)
+        out = ops.unpack_tokens(x, info.indices, info.batch * info.seqlen, backend=self.backend,
+                                validate=False)
         return out.view(info.batch, info.seqlen, *x.shape[1:])
 
     # ---------------------------------------------------------------- encoder
@@ -345,7 +400,7 @@ class BertfastModel(nn.Module):
         h = ops.embed_layernorm(ids, pos, types, emb.word, emb.position,
                                 getattr(emb, "token_type", None) if types is not None else None,
                                 emb.ln.weight, emb.ln.bias, cfg.layer_norm_eps,
-                                backend=self.backend)
+                                backend=self.backend, validate=False)
         if cfg.has_projection:
             h = ops.linear(h, emb.project.weight, emb.project.bias, backend=self.backend)
         return h
@@ -375,18 +430,25 @@ class BertfastModel(nn.Module):
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                output_hidden_states: bool = False):
         """Run the encoder padding-free; returns ``(packed last hidden [T,H], PackInfo,
-        list of packed hidden states or None)``."""
+        list of packed hidden states or None)``.
+
+        Host syncs: ``_prepare_counted`` reads the value checks and the packing counts
+        back once; every op after it runs with ``validate=False`` (its values were
+        checked there), so no layer syncs. Under ``torch.compile`` the whole function
+        traces as one graph (``ops.pack_info`` is a custom op with a data-dependent
+        size; ``max_seqlen`` is then the padded length)."""
         cfg = self.config
-        mask, types, pos = self._prepare(input_ids, attention_mask, token_type_ids, position_ids)
+        mask, types, pos, counts = self._prepare_counted(input_ids, attention_mask,
+                                                         token_type_ids, position_ids)
         graphs = self._graphs
-        if graphs is not None and not output_hidden_states:
+        if graphs is not None and not output_hidden_states and counts is not None:
             padded = graphs.run(input_ids, mask, types, pos)
             if padded is not None:
-                info = ops.pack_info(mask)
+                info = self._pack_info(mask, counts)
                 h = ops.pack_tokens(padded.reshape(-1, padded.shape[-1]), info.indices,
-                                    backend=self.backend)
+                                    backend=self.backend, validate=False)
                 return h, info, None
-        info = ops.pack_info(mask)
+        info = self._pack_info(mask, counts)
         ids_p = self._pack(input_ids, info)
         pos_p = self._pack(pos, info)
         types_p = self._pack(types, info) if types is not None else None
@@ -395,7 +457,8 @@ class BertfastModel(nn.Module):
         nh, scale = cfg.num_heads, cfg.head_dim ** -0.5
         cu, max_len, be = info.cu_seqlens, info.max_seqlen, self.backend
         h = self._layers(h, lambda qkv: ops.attention_varlen(qkv, cu, max_len, nh, scale,
-                                                             backend=be), states)
+                                                             backend=be, validate=False),
+                         states)
         return h, info, states
 
     def encode_static(self, input_ids, attention_mask, token_type_ids, position_ids):

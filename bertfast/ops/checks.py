@@ -3,10 +3,19 @@
 A kernel never sees an input these functions did not accept: shapes, dtypes,
 devices and contiguity are checked here and a clear ``ValueError`` /
 ``IndexError`` / ``TypeError`` names the problem.
+
+Two kinds of checks: metadata (shape, dtype, device: free) and values (id ranges,
+``cu_seqlens`` order: they read device memory back to the host, a sync). Value
+checks run on every public op call, and are skipped while tracing / capturing a
+CUDA graph and inside :func:`values_checked`, which a caller that has validated
+the values itself (the model, once per forward) wraps around its op calls; new
+value checks should be guarded by :func:`_can_sync` (as ``check_range`` is).
 """
 from __future__ import annotations
 
+import contextlib
 import operator
+import threading
 from typing import Optional
 
 import torch
@@ -95,7 +104,24 @@ def attention_mask_2d(op: str, mask):
               TypeError)
 
 
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def values_checked():
+    """Inside this block value checks are skipped (the caller has made them)."""
+    before = getattr(_state, "trusted", False)
+    _state.trusted = True
+    try:
+        yield
+    finally:
+        _state.trusted = before
+
+
 def _can_sync() -> bool:
+    """True when value checks (which read device memory) may run."""
+    if getattr(_state, "trusted", False):
+        return False
     if torch.compiler.is_compiling():
         return False
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -104,9 +130,9 @@ def _can_sync() -> bool:
 
 
 def check_range(op: str, name: str, t: torch.Tensor, limit: int, what: str):
-    """Values of ``t`` in ``[0, limit)``. Skipped only while tracing or capturing a
-    CUDA graph (the model checks its inputs before replay); kernels are bounds-safe
-    regardless."""
+    """Values of ``t`` in ``[0, limit)``. Skipped while tracing or capturing a CUDA
+    graph and inside ``values_checked()`` (the model checks its inputs once per
+    forward); kernels are bounds-safe regardless."""
     if t.numel() == 0 or not _can_sync():
         return
     lo, hi = int(t.min()), int(t.max())
