@@ -224,7 +224,9 @@ void linear_packed(void* out, const void* x, const void* packed, const void* bia
     case kGeluErf: gemm_packed<kGeluErf>(xp, pk, bp, op, M, N, K, avx512, num_threads); break;
     case kGeluTanh: gemm_packed<kGeluTanh>(xp, pk, bp, op, M, N, K, avx512, num_threads); break;
     case kRelu: gemm_packed<kRelu>(xp, pk, bp, op, M, N, K, avx512, num_threads); break;
-    case -1: gemm_packed<-1>(xp, pk, bp, op, M, N, K, avx512, num_threads); break;
+    case kNoActivation:
+      gemm_packed<kNoActivation>(xp, pk, bp, op, M, N, K, avx512, num_threads);
+      break;
     default:
       throw std::invalid_argument("bertfast cpu: unknown activation code " +
                                   std::to_string(activation));

@@ -486,31 +486,14 @@ cudaError_t attention_typed(const AttnParams& p, int64_t batch, int num_heads,
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t attention_by_head_dim(const AttnParams& p, int64_t batch, int num_heads, int head_dim,
-                                  cudaStream_t stream) {
-  switch (head_dim) {
-    case 32: return attention_typed<T, 32>(p, batch, num_heads, stream);
-    case 64: return attention_typed<T, 64>(p, batch, num_heads, stream);
-    case 80: return attention_typed<T, 80>(p, batch, num_heads, stream);
-    case 96: return attention_typed<T, 96>(p, batch, num_heads, stream);
-    case 128: return attention_typed<T, 128>(p, batch, num_heads, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 }  // namespace
-
-bool attention_supports_head_dim(int head_dim) {
-  return head_dim == 32 || head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
-}
 
 cudaError_t launch_attention(void* out, const void* qkv, const uint8_t* mask,
                              const int32_t* cu_seqlens, int64_t batch, int64_t seqlen,
                              int64_t total_tokens, int num_heads, int head_dim, float scale,
                              int dtype, cudaStream_t stream) {
-  if (!attention_supports_head_dim(head_dim) || num_heads < 1 || num_heads > 65535 ||
-      batch < 0 || batch > 65535 || seqlen < 0 || seqlen > (1LL << 30) || total_tokens < 0)
+  if (num_heads < 1 || num_heads > kMaxGridYZ || batch < 0 || batch > kMaxGridYZ ||
+      seqlen < 0 || seqlen > kMaxCudaSeqLen || total_tokens < 0)
     return cudaErrorInvalidValue;
   // 16-byte vector loads of Q/K/V rows: the base must be 16-byte aligned (row
   // stride 3H and column offsets h*D are multiples of 16 bytes for these D).
@@ -525,13 +508,13 @@ cudaError_t launch_attention(void* out, const void* qkv, const uint8_t* mask,
   p.total_tokens = total_tokens;
   p.hidden = num_heads * head_dim;
   p.scale_log2 = scale * kLog2e;
-  switch (dtype) {
-    case kFloat32: return attention_by_head_dim<float>(p, batch, num_heads, head_dim, stream);
-    case kFloat16: return attention_by_head_dim<__half>(p, batch, num_heads, head_dim, stream);
-    case kBFloat16:
-      return attention_by_head_dim<__nv_bfloat16>(p, batch, num_heads, head_dim, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Instantiated for exactly the head dims of constants.h; any other is rejected.
+    return dispatch_int(CudaAttentionHeadDims{}, head_dim, [&](auto d) {
+      return attention_typed<T, decltype(d)::value>(p, batch, num_heads, stream);
+    });
+  });
 }
 
 }  // namespace cuda

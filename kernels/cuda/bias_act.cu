@@ -72,33 +72,18 @@ cudaError_t bias_act_typed(void* out, const void* x, const void* bias, int64_t r
   return run(std::integral_constant<int, 1>{});
 }
 
-template <typename T>
-cudaError_t bias_act_dispatch_act(void* out, const void* x, const void* bias, int64_t rows,
-                                  int64_t width, int activation, cudaStream_t stream) {
-  switch (activation) {
-    case kGeluErf: return bias_act_typed<T, kGeluErf>(out, x, bias, rows, width, stream);
-    case kGeluTanh: return bias_act_typed<T, kGeluTanh>(out, x, bias, rows, width, stream);
-    case kRelu: return bias_act_typed<T, kRelu>(out, x, bias, rows, width, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 }  // namespace
 
 cudaError_t launch_bias_act(void* out, const void* x, const void* bias, int64_t rows,
                             int64_t width, int activation, int dtype, cudaStream_t stream) {
   if (rows < 0 || width < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  switch (dtype) {
-    case kFloat32:
-      return bias_act_dispatch_act<float>(out, x, bias, rows, width, activation, stream);
-    case kFloat16:
-      return bias_act_dispatch_act<__half>(out, x, bias, rows, width, activation, stream);
-    case kBFloat16:
-      return bias_act_dispatch_act<__nv_bfloat16>(out, x, bias, rows, width, activation, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return dispatch_activation(activation, [&](auto act) {
+      return bias_act_typed<T, decltype(act)::value>(out, x, bias, rows, width, stream);
+    });
+  });
 }
 
 }  // namespace cuda

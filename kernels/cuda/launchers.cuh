@@ -3,8 +3,9 @@
 //
 // Every launcher enqueues its kernel(s) on `stream`, on the current device (the
 // caller sets it), and returns cudaGetLastError() after the launch, or
-// cudaErrorInvalidValue for a configuration it does not support (the Python
-// wrapper's `supports` rules those out first). Pointers are device pointers;
+// cudaErrorInvalidValue for a configuration it does not support (the binding has
+// checked every tensor's device, dtype, contiguity and sizes against the sizes
+// passed here, and the limits of csrc/constants.h). Pointers are device pointers;
 // optional ones may be null. All tensors are contiguous.
 #pragma once
 
@@ -12,17 +13,12 @@
 
 #include <cstdint>
 
+#include "constants.h"
+
 namespace bertfast {
 namespace cuda {
 
-// Storage dtype codes shared with bertfast/ops/cuda.py.
-enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-
-// Activation codes shared with bertfast/ops/cuda.py.
-enum Activation : int { kGeluErf = 0, kGeluTanh = 1, kRelu = 2 };
-
-// Largest LayerNorm width the kernels hold in registers (512 threads x 32).
-constexpr int64_t kMaxLayerNormWidth = 16384;
+// dtype / activation codes and size limits: csrc/constants.h.
 
 // out[r] = LN(word[ids[r]] + type[type_ids[r]] + pos[pos_ids[r]]) * weight + bias.
 // ids are int64; a row whose id is out of range is written as NaN.
@@ -41,9 +37,6 @@ cudaError_t launch_add_layernorm(void* out, const void* x, const void* residual,
 // out = act(x + bias) over [rows, width] (bias optional, out may equal x).
 cudaError_t launch_bias_act(void* out, const void* x, const void* bias, int64_t rows,
                             int64_t width, int activation, int dtype, cudaStream_t stream);
-
-// Head dims the attention kernel is instantiated for.
-bool attention_supports_head_dim(int head_dim);
 
 // Padded: qkv [batch, seqlen, 3H], mask [batch, seqlen] bytes (nonzero = real
 // token, may be null) -> out [batch, seqlen, H].

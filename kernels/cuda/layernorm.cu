@@ -277,7 +277,7 @@ cudaError_t add_layernorm_typed(void* out, const void* x, const void* residual, 
 
 bool layernorm_shape_ok(int64_t rows, int64_t width) {
   // grid.x is at most 2^31 - 1 blocks (one row per block on the block path).
-  return width >= 1 && width <= kMaxLayerNormWidth && rows >= 0 && rows <= 0x7fffffffLL;
+  return width >= 1 && width <= kMaxLayerNormWidth && rows >= 0 && rows <= kMaxCudaRows;
 }
 
 }  // namespace
@@ -289,24 +289,13 @@ cudaError_t launch_embed_layernorm(void* out, const int64_t* input_ids, const in
                                    int64_t vocab, int64_t max_positions, int64_t type_vocab,
                                    float eps, int dtype, cudaStream_t stream) {
   if (!layernorm_shape_ok(rows, width)) return cudaErrorInvalidValue;
-  if ((types == nullptr) != (token_type_ids == nullptr)) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  switch (dtype) {
-    case kFloat32:
-      return embed_layernorm_typed<float>(out, input_ids, position_ids, token_type_ids, word, pos,
-                                          types, weight, bias, rows, width, vocab, max_positions,
-                                          type_vocab, eps, stream);
-    case kFloat16:
-      return embed_layernorm_typed<__half>(out, input_ids, position_ids, token_type_ids, word,
-                                           pos, types, weight, bias, rows, width, vocab,
-                                           max_positions, type_vocab, eps, stream);
-    case kBFloat16:
-      return embed_layernorm_typed<__nv_bfloat16>(out, input_ids, position_ids, token_type_ids,
-                                                  word, pos, types, weight, bias, rows, width,
-                                                  vocab, max_positions, type_vocab, eps, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return embed_layernorm_typed<T>(out, input_ids, position_ids, token_type_ids, word, pos,
+                                    types, weight, bias, rows, width, vocab, max_positions,
+                                    type_vocab, eps, stream);
+  });
 }
 
 cudaError_t launch_add_layernorm(void* out, const void* x, const void* residual, const void* bias,
@@ -314,19 +303,11 @@ cudaError_t launch_add_layernorm(void* out, const void* x, const void* residual,
                                  int64_t width, float eps, int dtype, cudaStream_t stream) {
   if (!layernorm_shape_ok(rows, width)) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  switch (dtype) {
-    case kFloat32:
-      return add_layernorm_typed<float>(out, x, residual, bias, weight, ln_bias, rows, width, eps,
-                                        stream);
-    case kFloat16:
-      return add_layernorm_typed<__half>(out, x, residual, bias, weight, ln_bias, rows, width,
-                                         eps, stream);
-    case kBFloat16:
-      return add_layernorm_typed<__nv_bfloat16>(out, x, residual, bias, weight, ln_bias, rows,
-                                                width, eps, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return add_layernorm_typed<T>(out, x, residual, bias, weight, ln_bias, rows, width, eps,
+                                  stream);
+  });
 }
 
 }  // namespace cuda
