@@ -85,14 +85,21 @@ Tensor attention_varlen(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max
                         int64_t num_heads, double scale) {
   Op op = cpu_op("attention_varlen");
   const AttentionArgs a = check_attention_varlen(op, qkv, cu_seqlens, max_seqlen, num_heads);
-  // The kernel reads cu_seqlens and raises IndexError unless it rises from 0 to the
-  // token count; here only its longest sequence is held against max_seqlen (the
-  // CUDA kernel sizes its grid by it).
+  // cu_seqlens must rise from 0 to the token count (IndexError otherwise) and no
+  // sequence may be longer than max_seqlen (the CUDA kernel sizes its grid by it).
   const int32_t* cu = cu_seqlens.const_data_ptr<int32_t>();
-  for (int64_t b = 0; b < a.batch; ++b)
+  if (cu[0] != 0 || cu[a.batch] != a.tokens)
+    op.index_error("cu_seqlens must rise from 0 to the token count " +
+                   std::to_string(a.tokens) + ", got " + std::to_string(cu[0]) + " .. " +
+                   std::to_string(cu[a.batch]));
+  for (int64_t b = 0; b < a.batch; ++b) {
+    if (cu[b + 1] < cu[b])
+      op.index_error("cu_seqlens falls at entry " + std::to_string(b + 1) + " (" +
+                     std::to_string(cu[b]) + " -> " + std::to_string(cu[b + 1]) + ")");
     if (int64_t(cu[b + 1]) - cu[b] > max_seqlen)
       op.value_error("sequence " + std::to_string(b) + " is longer than max_seqlen=" +
                      std::to_string(max_seqlen));
+  }
   Tensor out = at::empty({a.tokens, a.hidden}, qkv.options());
   if (a.hidden == 0) return out;
   cpu::attention_varlen(a.dtype, out.data_ptr(), qkv.const_data_ptr(), cu, a.batch, a.tokens,
