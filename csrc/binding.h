@@ -68,9 +68,12 @@ class Op {
   int float_tensor(const Tensor& t, const char* name) {
     tensor(t, name);
     switch (t.scalar_type()) {
-      case at::kFloat: return kFloat32;
-      case at::kHalf: return kFloat16;
-      case at::kBFloat16: return kBFloat16;
+      case at::kFloat:
+        return kFloat32;
+      case at::kHalf:
+        return kFloat16;
+      case at::kBFloat16:
+        return kBFloat16;
       default:
         type_error(std::string(name) + " has dtype " + c10::toString(t.scalar_type()) +
                    "; expected float32, float16 or bfloat16");
@@ -160,9 +163,7 @@ class Op {
   static std::string shape(const Tensor& t) { return shape(t.sizes()); }
 
  private:
-  std::string prefix() const {
-    return std::string("bertfast._C.") + backend_ + "." + name_ + ": ";
-  }
+  std::string prefix() const { return std::string("bertfast._C.") + backend_ + "." + name_ + ": "; }
 
   const char* backend_;
   const char* name_;
@@ -179,8 +180,7 @@ struct EmbedArgs {
   int64_t tokens, width, vocab, num_pos, num_types;  // num_types 0 without token types
 };
 
-inline EmbedArgs check_embed_layernorm(Op& op, const Tensor& input_ids,
-                                       const Tensor& position_ids,
+inline EmbedArgs check_embed_layernorm(Op& op, const Tensor& input_ids, const Tensor& position_ids,
                                        const OptTensor& token_type_ids, const Tensor& word,
                                        const Tensor& pos, const OptTensor& types,
                                        const Tensor& weight, const Tensor& bias, double eps) {

@@ -29,8 +29,8 @@ Tensor embed_layernorm(const Tensor& input_ids, const Tensor& position_ids,
                        const OptTensor& types, const Tensor& weight, const Tensor& bias,
                        double eps) {
   Op op = cpu_op("embed_layernorm");
-  const EmbedArgs a = check_embed_layernorm(op, input_ids, position_ids, token_type_ids, word,
-                                            pos, types, weight, bias, eps);
+  const EmbedArgs a = check_embed_layernorm(op, input_ids, position_ids, token_type_ids, word, pos,
+                                            types, weight, bias, eps);
   Tensor out = at::empty(embed_out_shape(input_ids, a.width), word.options());
   if (a.tokens == 0 || a.width == 0) return out;
   // Ids outside their table give a NaN row (the kernel never reads out of bounds).
@@ -52,8 +52,7 @@ Tensor add_layernorm(const Tensor& x, const Tensor& residual, const OptTensor& b
   if (a.rows == 0 || a.width == 0) return out;
   cpu::add_layernorm(a.dtype, out.data_ptr(), x.const_data_ptr(), residual.const_data_ptr(),
                      bias ? bias->const_data_ptr() : nullptr, weight.const_data_ptr(),
-                     ln_bias.const_data_ptr(), a.rows, a.width, static_cast<float>(eps),
-                     threads());
+                     ln_bias.const_data_ptr(), a.rows, a.width, static_cast<float>(eps), threads());
   return out;
 }
 
@@ -64,8 +63,7 @@ Tensor bias_act(const Tensor& x, const OptTensor& bias, const std::string& activ
   Tensor out = inplace ? x : at::empty(x.sizes(), x.options());
   if (a.rows == 0 || a.width == 0) return out;
   cpu::bias_act(a.dtype, out.data_ptr(), x.const_data_ptr(),
-                bias ? bias->const_data_ptr() : nullptr, a.rows, a.width, a.activation,
-                threads());
+                bias ? bias->const_data_ptr() : nullptr, a.rows, a.width, a.activation, threads());
   return out;
 }
 
@@ -89,16 +87,15 @@ Tensor attention_varlen(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max
   // sequence may be longer than max_seqlen (the CUDA kernel sizes its grid by it).
   const int32_t* cu = cu_seqlens.const_data_ptr<int32_t>();
   if (cu[0] != 0 || cu[a.batch] != a.tokens)
-    op.index_error("cu_seqlens must rise from 0 to the token count " +
-                   std::to_string(a.tokens) + ", got " + std::to_string(cu[0]) + " .. " +
-                   std::to_string(cu[a.batch]));
+    op.index_error("cu_seqlens must rise from 0 to the token count " + std::to_string(a.tokens) +
+                   ", got " + std::to_string(cu[0]) + " .. " + std::to_string(cu[a.batch]));
   for (int64_t b = 0; b < a.batch; ++b) {
     if (cu[b + 1] < cu[b])
       op.index_error("cu_seqlens falls at entry " + std::to_string(b + 1) + " (" +
                      std::to_string(cu[b]) + " -> " + std::to_string(cu[b + 1]) + ")");
     if (int64_t(cu[b + 1]) - cu[b] > max_seqlen)
-      op.value_error("sequence " + std::to_string(b) + " is longer than max_seqlen=" +
-                     std::to_string(max_seqlen));
+      op.value_error("sequence " + std::to_string(b) +
+                     " is longer than max_seqlen=" + std::to_string(max_seqlen));
   }
   Tensor out = at::empty({a.tokens, a.hidden}, qkv.options());
   if (a.hidden == 0) return out;
@@ -225,13 +222,13 @@ void register_cpu_ops(pybind11::module_& m) {
           "attention over qkv [B, S, 3H], key mask [B, S] (bool/uint8, optional) -> [B, S, H]",
           arg("qkv"), arg("mask"), arg("num_heads"), arg("scale"));
   cpu.def("attention_varlen", &attention_varlen, release_gil(),
-          "attention over packed qkv [T, 3H] with cu_seqlens [B + 1] (int32) -> [T, H]",
-          arg("qkv"), arg("cu_seqlens"), arg("max_seqlen"), arg("num_heads"), arg("scale"));
-  cpu.def("pack_rows", &pack_rows, release_gil(), "x[indices] (IndexError out of range)",
-          arg("x"), arg("indices"));
+          "attention over packed qkv [T, 3H] with cu_seqlens [B + 1] (int32) -> [T, H]", arg("qkv"),
+          arg("cu_seqlens"), arg("max_seqlen"), arg("num_heads"), arg("scale"));
+  cpu.def("pack_rows", &pack_rows, release_gil(), "x[indices] (IndexError out of range)", arg("x"),
+          arg("indices"));
   cpu.def("unpack_rows", &unpack_rows, release_gil(),
-          "out[indices[i]] = x[i], zero rows elsewhere, num_rows rows", arg("x"),
-          arg("indices"), arg("num_rows"));
+          "out[indices[i]] = x[i], zero rows elsewhere, num_rows rows", arg("x"), arg("indices"),
+          arg("num_rows"));
   cpu.def("linear_act", &linear_act, release_gil(),
           "fp32 act(x @ weight.T + bias), activation None/gelu/gelu_tanh/relu; "
           "allow_avx512=False forces the AVX2 kernel",

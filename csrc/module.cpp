@@ -54,8 +54,8 @@ py::tuple names(const Names& list) {
 py::dict constants() {
   using namespace bertfast;
   py::dict c;
-  c["dtypes"] = names(kDTypeNames);             // code = index
-  c["activations"] = names(kActivationNames);   // code = index
+  c["dtypes"] = names(kDTypeNames);            // code = index
+  c["activations"] = names(kActivationNames);  // code = index
   c["no_activation"] = static_cast<int>(kNoActivation);
   py::tuple dims(CudaAttentionHeadDims::kSize);
   for (int i = 0; i < CudaAttentionHeadDims::kSize; ++i)

@@ -10,34 +10,64 @@ Storage dtypes fp32, fp16 and bf16, math in fp32. ``linear_gelu`` in fp32 runs
 the C++ GEMM with bias + activation fused in its epilogue; in fp16 / bf16 it is
 ``torch.matmul`` + the in-place bias/GELU kernel.
 """
+
 from __future__ import annotations
 
 import os
 import threading
 import weakref
-from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .dispatch import Backend
-from .native import (ACTIVATIONS, DTYPES, IMPORT_ERROR, _C, add_layernorm_operands,
-                     contig as _c, embed_operands, mask_operand)
+from .native import (
+    _C,
+    ACTIVATIONS,
+    DTYPES,
+    IMPORT_ERROR,
+    add_layernorm_operands,
+    embed_operands,
+    mask_operand,
+)
+from .native import (
+    contig as _c,
+)
 
 _kernels = _C.cpu if _C is not None else None
 
 
 # ---------------------------------------------------------------- LayerNorm
-def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
-                    position_embeddings, token_type_embeddings, weight, bias, eps):
-    return _kernels.embed_layernorm(*embed_operands(
-        input_ids, position_ids, token_type_ids, word_embeddings, position_embeddings,
-        token_type_embeddings, weight, bias), float(eps))
+def embed_layernorm(
+    input_ids,
+    position_ids,
+    token_type_ids,
+    word_embeddings,
+    position_embeddings,
+    token_type_embeddings,
+    weight,
+    bias,
+    eps,
+):
+    return _kernels.embed_layernorm(
+        *embed_operands(
+            input_ids,
+            position_ids,
+            token_type_ids,
+            word_embeddings,
+            position_embeddings,
+            token_type_embeddings,
+            weight,
+            bias,
+        ),
+        float(eps),
+    )
 
 
 def add_layernorm(x, residual, bias, weight, ln_bias, eps):
-    return _kernels.add_layernorm(*add_layernorm_operands(x, residual, bias, weight, ln_bias),
-                                  float(eps))
+    return _kernels.add_layernorm(
+        *add_layernorm_operands(x, residual, bias, weight, ln_bias), float(eps)
+    )
 
 
 # ---------------------------------------------------------------- bias + activation
@@ -53,8 +83,9 @@ def bias_gelu_(x, bias, act):
         x.copy_(_kernels.bias_act(x.contiguous(), bias, act, True))
 
 
-def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
-           act: Optional[str] = None) -> Tensor:
+def linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, act: str | None = None
+) -> Tensor:
     """fp32 ``act(x @ weight.T + bias)`` on the C++ GEMM (kernels/cpu/gemm.cpp), with
     bias and activation in its epilogue; ``act=None`` is a plain linear layer.
 
@@ -62,8 +93,9 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     torch's MKL sgemm on AMD Zen (see the cpu backend notes), so a model may route
     its other fp32 linear layers here too.
     """
-    return _kernels.linear_packed(x.contiguous(), _packed_weight(weight), _c(bias),
-                                  weight.shape[0], act, True)
+    return _kernels.linear_packed(
+        x.contiguous(), _packed_weight(weight), _c(bias), weight.shape[0], act, True
+    )
 
 
 # Packed GEMM weights, per weight tensor (keyed by id, dropped by a weakref callback
@@ -115,13 +147,15 @@ def linear_gelu(x, weight, bias, act):
 
 # ---------------------------------------------------------------- attention
 def attention(qkv, attention_mask, num_heads, scale):
-    return _kernels.attention(qkv.contiguous(), mask_operand(attention_mask), int(num_heads),
-                              float(scale))
+    return _kernels.attention(
+        qkv.contiguous(), mask_operand(attention_mask), int(num_heads), float(scale)
+    )
 
 
 def attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
-    return _kernels.attention_varlen(qkv.contiguous(), cu_seqlens.contiguous(), int(max_seqlen),
-                                     int(num_heads), float(scale))
+    return _kernels.attention_varlen(
+        qkv.contiguous(), cu_seqlens.contiguous(), int(max_seqlen), int(num_heads), float(scale)
+    )
 
 
 # ---------------------------------------------------------------- pack / unpack
@@ -134,18 +168,17 @@ def unpack_tokens(x, indices, num_rows):
 
 
 # ---------------------------------------------------------------- support checks
-def _unavailable(device_type: str) -> Optional[str]:
+def _unavailable(device_type: str) -> str | None:
     return IMPORT_ERROR
 
 
-def _dtype_ok(op: str, t: Tensor) -> Optional[str]:
+def _dtype_ok(op: str, t: Tensor) -> str | None:
     if t.dtype not in DTYPES:
         return f"{op}: {t.dtype} storage is not supported (fp32, fp16, bf16)"
     return None
 
 
-def _supports_embed(input_ids, position_ids, token_type_ids, word, pos, types, weight, bias,
-                    eps):
+def _supports_embed(input_ids, position_ids, token_type_ids, word, pos, types, weight, bias, eps):
     return _dtype_ok("embed_layernorm", word)
 
 

@@ -13,44 +13,63 @@ attention runs on CUDA cores, never TF32). GEMMs stay with torch: ``linear_gelu`
 is ``F.linear`` (cuBLAS, bias in its epilogue) followed by the in-place
 activation kernel.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .dispatch import Backend
-from .native import (CUDA_ATTENTION_HEAD_DIMS as ATTENTION_HEAD_DIMS, DTYPES, IMPORT_ERROR,
-                     MAX_CUDA_ROWS, MAX_CUDA_SEQLEN, MAX_GRID_YZ, MAX_LAYERNORM_WIDTH, _C,
-                     add_layernorm_operands, contig as _c, embed_operands, mask_operand)
+from .native import (
+    _C,
+    DTYPES,
+    IMPORT_ERROR,
+    MAX_CUDA_ROWS,
+    MAX_CUDA_SEQLEN,
+    MAX_GRID_YZ,
+    MAX_LAYERNORM_WIDTH,
+    add_layernorm_operands,
+    embed_operands,
+    mask_operand,
+)
+from .native import (
+    CUDA_ATTENTION_HEAD_DIMS as ATTENTION_HEAD_DIMS,
+)
+from .native import (
+    contig as _c,
+)
 
 _kernels = getattr(_C, "cuda", None)
 
 
-@functools.lru_cache(maxsize=None)
-def _unavailable_reason() -> Optional[str]:
+@functools.cache
+def _unavailable_reason() -> str | None:
     if _C is None:
         return IMPORT_ERROR
     if _kernels is None:
-        return ("bertfast._C was built without CUDA kernels (nvcc not found at build time, "
-                "or BERTFAST_SKIP_CUDA set)")
+        return (
+            "bertfast._C was built without CUDA kernels (nvcc not found at build time, "
+            "or BERTFAST_SKIP_CUDA set)"
+        )
     if not torch.cuda.is_available():
         if torch.version.cuda is None:
             return "no GPU: this torch build has no CUDA support"
         return "no GPU: torch sees no CUDA device"
     count = _kernels.device_count()
     if count < 0:
-        return (f"no GPU usable by bertfast._C's CUDA runtime "
-                f"({_kernels.error_name(-count)}, cudaError {-count})")
+        return (
+            f"no GPU usable by bertfast._C's CUDA runtime "
+            f"({_kernels.error_name(-count)}, cudaError {-count})"
+        )
     if count == 0:
         return "no GPU: bertfast._C's CUDA runtime sees no device"
     return None
 
 
-def _unavailable(device_type: str) -> Optional[str]:
+def _unavailable(device_type: str) -> str | None:
     return _unavailable_reason()
 
 
@@ -60,16 +79,37 @@ def _stream(t: Tensor) -> int:
 
 
 # ---------------------------------------------------------------- LayerNorm
-def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
-                    position_embeddings, token_type_embeddings, weight, bias, eps):
-    return _kernels.embed_layernorm(*embed_operands(
-        input_ids, position_ids, token_type_ids, word_embeddings, position_embeddings,
-        token_type_embeddings, weight, bias), float(eps), _stream(word_embeddings))
+def embed_layernorm(
+    input_ids,
+    position_ids,
+    token_type_ids,
+    word_embeddings,
+    position_embeddings,
+    token_type_embeddings,
+    weight,
+    bias,
+    eps,
+):
+    return _kernels.embed_layernorm(
+        *embed_operands(
+            input_ids,
+            position_ids,
+            token_type_ids,
+            word_embeddings,
+            position_embeddings,
+            token_type_embeddings,
+            weight,
+            bias,
+        ),
+        float(eps),
+        _stream(word_embeddings),
+    )
 
 
 def add_layernorm(x, residual, bias, weight, ln_bias, eps):
-    return _kernels.add_layernorm(*add_layernorm_operands(x, residual, bias, weight, ln_bias),
-                                  float(eps), _stream(x))
+    return _kernels.add_layernorm(
+        *add_layernorm_operands(x, residual, bias, weight, ln_bias), float(eps), _stream(x)
+    )
 
 
 def _supports_embed_layernorm(input_ids, position_ids, token_type_ids, word, *rest):
@@ -116,19 +156,28 @@ def _aligned(t: Tensor) -> Tensor:
 
 
 def attention(qkv, attention_mask, num_heads, scale):
-    return _kernels.attention(_aligned(qkv), mask_operand(attention_mask), int(num_heads),
-                              float(scale), _stream(qkv))
+    return _kernels.attention(
+        _aligned(qkv), mask_operand(attention_mask), int(num_heads), float(scale), _stream(qkv)
+    )
 
 
 def attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
-    return _kernels.attention_varlen(_aligned(qkv), cu_seqlens.contiguous(), int(max_seqlen),
-                                     int(num_heads), float(scale), _stream(qkv))
+    return _kernels.attention_varlen(
+        _aligned(qkv),
+        cu_seqlens.contiguous(),
+        int(max_seqlen),
+        int(num_heads),
+        float(scale),
+        _stream(qkv),
+    )
 
 
-def _attention_limits(head_dim: int, num_heads: int, batch: int, seqlen: int) -> Optional[str]:
+def _attention_limits(head_dim: int, num_heads: int, batch: int, seqlen: int) -> str | None:
     if head_dim not in ATTENTION_HEAD_DIMS:
-        return (f"head_dim {head_dim} is not one of the compiled head dims "
-                f"{', '.join(map(str, ATTENTION_HEAD_DIMS))}")
+        return (
+            f"head_dim {head_dim} is not one of the compiled head dims "
+            f"{', '.join(map(str, ATTENTION_HEAD_DIMS))}"
+        )
     if num_heads > MAX_GRID_YZ:
         return f"num_heads {num_heads} > {MAX_GRID_YZ}"
     if batch > MAX_GRID_YZ:
@@ -138,12 +187,12 @@ def _attention_limits(head_dim: int, num_heads: int, batch: int, seqlen: int) ->
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _capability(index: int):
     return torch.cuda.get_device_capability(index)
 
 
-def _dtype_on_device(qkv: Tensor) -> Optional[str]:
+def _dtype_on_device(qkv: Tensor) -> str | None:
     # bf16 tensor-core fragments need sm_80+ (older archs in a build trap instead).
     if qkv.dtype == torch.bfloat16 and qkv.device.type == "cuda":
         index = qkv.device.index if qkv.device.index is not None else torch.cuda.current_device()
@@ -155,14 +204,13 @@ def _dtype_on_device(qkv: Tensor) -> Optional[str]:
 
 def _supports_attention(qkv, attention_mask, num_heads, scale):
     B, S, H3 = qkv.shape
-    return (_attention_limits(H3 // 3 // num_heads, num_heads, B, S)
-            or _dtype_on_device(qkv))
+    return _attention_limits(H3 // 3 // num_heads, num_heads, B, S) or _dtype_on_device(qkv)
 
 
 def _supports_attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
-    return (_attention_limits(qkv.shape[1] // 3 // num_heads, num_heads, cu_seqlens.numel() - 1,
-                              max_seqlen)
-            or _dtype_on_device(qkv))
+    return _attention_limits(
+        qkv.shape[1] // 3 // num_heads, num_heads, cu_seqlens.numel() - 1, max_seqlen
+    ) or _dtype_on_device(qkv)
 
 
 # ---------------------------------------------------------------- pack / unpack

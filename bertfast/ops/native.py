@@ -8,9 +8,8 @@ output. The constants (dtype and activation names, CUDA head dims, size limits)
 are defined once, in ``csrc/constants.h``, and read here through
 ``bertfast._C.constants()``.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 from torch import Tensor
@@ -19,7 +18,7 @@ try:  # the backends stay importable (and say why) without a native build
     from .. import _C
 except ImportError as exc:  # pragma: no cover - only without a build
     _C = None
-    IMPORT_ERROR: Optional[str] = f"bertfast._C is not built ({exc})"
+    IMPORT_ERROR: str | None = f"bertfast._C is not built ({exc})"
 else:
     IMPORT_ERROR = None
 
@@ -42,33 +41,52 @@ MAX_CUDA_SEQLEN = CONSTANTS.get("max_cuda_seqlen", 0)
 MAX_CUDA_ROWS = CONSTANTS.get("max_cuda_rows", 0)
 
 
-def contig(t: Optional[Tensor]) -> Optional[Tensor]:
+def contig(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.contiguous()
 
 
-def ids64(t: Optional[Tensor]) -> Optional[Tensor]:
+def ids64(t: Tensor | None) -> Tensor | None:
     """Integer ids as contiguous int64 (what the kernels index with)."""
     return None if t is None else t.to(torch.int64).contiguous()
 
 
-def embed_operands(input_ids, position_ids, token_type_ids, word_embeddings,
-                   position_embeddings, token_type_embeddings, weight, bias):
+def embed_operands(
+    input_ids,
+    position_ids,
+    token_type_ids,
+    word_embeddings,
+    position_embeddings,
+    token_type_embeddings,
+    weight,
+    bias,
+):
     """The embed_layernorm arguments, contiguous, ids int64 (``token_type_ids`` dropped
     for families without token-type embeddings)."""
     types = contig(token_type_embeddings)
-    return (ids64(input_ids), ids64(position_ids),
-            ids64(token_type_ids) if types is not None else None,
-            word_embeddings.contiguous(), position_embeddings.contiguous(), types,
-            weight.contiguous(), bias.contiguous())
+    return (
+        ids64(input_ids),
+        ids64(position_ids),
+        ids64(token_type_ids) if types is not None else None,
+        word_embeddings.contiguous(),
+        position_embeddings.contiguous(),
+        types,
+        weight.contiguous(),
+        bias.contiguous(),
+    )
 
 
 def add_layernorm_operands(x, residual, bias, weight, ln_bias):
     """The add_layernorm arguments, contiguous."""
-    return (x.contiguous(), residual.contiguous(), contig(bias), weight.contiguous(),
-            ln_bias.contiguous())
+    return (
+        x.contiguous(),
+        residual.contiguous(),
+        contig(bias),
+        weight.contiguous(),
+        ln_bias.contiguous(),
+    )
 
 
-def mask_operand(attention_mask: Optional[Tensor]) -> Optional[Tensor]:
+def mask_operand(attention_mask: Tensor | None) -> Tensor | None:
     """A key mask as the kernels read it: bool (or uint8) bytes, nonzero = real token."""
     if attention_mask is None:
         return None

@@ -29,8 +29,8 @@ namespace {
 using namespace binding;
 
 [[noreturn]] void raise_cuda_error(const char* op, const char* what, cudaError_t err) {
-  throw std::runtime_error(std::string("bertfast._C.cuda.") + op + ": " + what + " failed: " +
-                           cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+  throw std::runtime_error(std::string("bertfast._C.cuda.") + op + ": " + what +
+                           " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
 
 void check(cudaError_t err, const char* op, const char* what) {
@@ -81,37 +81,34 @@ int cuda_device_count() {
   return n;
 }
 
-std::string cuda_error_name(int code) {
-  return cudaGetErrorName(static_cast<cudaError_t>(code));
-}
+std::string cuda_error_name(int code) { return cudaGetErrorName(static_cast<cudaError_t>(code)); }
 
 void check_rows_limit(const Op& op, int64_t rows, int64_t width) {
   if (width > kMaxLayerNormWidth)
     op.value_error("row width " + std::to_string(width) + " > " +
-                   std::to_string(kMaxLayerNormWidth) + " (the CUDA kernel holds a row in registers)");
-  if (rows > kMaxCudaRows)
-    op.value_error(std::to_string(rows) + " rows > 2^31 - 1");
+                   std::to_string(kMaxLayerNormWidth) +
+                   " (the CUDA kernel holds a row in registers)");
+  if (rows > kMaxCudaRows) op.value_error(std::to_string(rows) + " rows > 2^31 - 1");
 }
 
 Tensor embed_layernorm(const Tensor& input_ids, const Tensor& position_ids,
                        const OptTensor& token_type_ids, const Tensor& word, const Tensor& pos,
-                       const OptTensor& types, const Tensor& weight, const Tensor& bias,
-                       double eps, std::uintptr_t stream) {
+                       const OptTensor& types, const Tensor& weight, const Tensor& bias, double eps,
+                       std::uintptr_t stream) {
   Op op = cuda_op("embed_layernorm");
-  const EmbedArgs a = check_embed_layernorm(op, input_ids, position_ids, token_type_ids, word,
-                                            pos, types, weight, bias, eps);
+  const EmbedArgs a = check_embed_layernorm(op, input_ids, position_ids, token_type_ids, word, pos,
+                                            types, weight, bias, eps);
   check_rows_limit(op, a.tokens, a.width);
   Tensor out = at::empty(embed_out_shape(input_ids, a.width), word.options());
   if (a.tokens == 0 || a.width == 0) return out;
   // Ids outside their table give a NaN row (the kernel never reads out of bounds).
   run(op, out, [&] {
     return cuda::launch_embed_layernorm(
-        out.data_ptr(), input_ids.const_data_ptr<int64_t>(),
-        position_ids.const_data_ptr<int64_t>(),
+        out.data_ptr(), input_ids.const_data_ptr<int64_t>(), position_ids.const_data_ptr<int64_t>(),
         types ? token_type_ids->const_data_ptr<int64_t>() : nullptr, word.const_data_ptr(),
-        pos.const_data_ptr(), types ? types->const_data_ptr() : nullptr,
-        weight.const_data_ptr(), bias.const_data_ptr(), a.tokens, a.width, a.vocab, a.num_pos,
-        a.num_types, static_cast<float>(eps), a.dtype, stream_of(stream));
+        pos.const_data_ptr(), types ? types->const_data_ptr() : nullptr, weight.const_data_ptr(),
+        bias.const_data_ptr(), a.tokens, a.width, a.vocab, a.num_pos, a.num_types,
+        static_cast<float>(eps), a.dtype, stream_of(stream));
   });
   return out;
 }
@@ -125,18 +122,16 @@ Tensor add_layernorm(const Tensor& x, const Tensor& residual, const OptTensor& b
   Tensor out = at::empty(x.sizes(), x.options());
   if (a.rows == 0 || a.width == 0) return out;
   run(op, out, [&] {
-    return cuda::launch_add_layernorm(out.data_ptr(), x.const_data_ptr(),
-                                      residual.const_data_ptr(),
+    return cuda::launch_add_layernorm(out.data_ptr(), x.const_data_ptr(), residual.const_data_ptr(),
                                       bias ? bias->const_data_ptr() : nullptr,
                                       weight.const_data_ptr(), ln_bias.const_data_ptr(), a.rows,
-                                      a.width, static_cast<float>(eps), a.dtype,
-                                      stream_of(stream));
+                                      a.width, static_cast<float>(eps), a.dtype, stream_of(stream));
   });
   return out;
 }
 
-Tensor bias_act(const Tensor& x, const OptTensor& bias, const std::string& activation,
-                bool inplace, std::uintptr_t stream) {
+Tensor bias_act(const Tensor& x, const OptTensor& bias, const std::string& activation, bool inplace,
+                std::uintptr_t stream) {
   Op op = cuda_op("bias_act");
   const BiasActArgs a = check_bias_act(op, x, bias, activation);
   Tensor out = inplace ? x : at::empty(x.sizes(), x.options());
@@ -155,7 +150,8 @@ void check_attention_limits(const Op& op, const Tensor& qkv, const AttentionArgs
   for (int d : CudaAttentionHeadDims::kValues) head_dim_ok |= a.head_dim == d;
   if (!head_dim_ok) {
     std::string dims;
-    for (int d : CudaAttentionHeadDims::kValues) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    for (int d : CudaAttentionHeadDims::kValues)
+      dims += (dims.empty() ? "" : ", ") + std::to_string(d);
     op.value_error("head_dim " + std::to_string(a.head_dim) + " is not one of the compiled " +
                    "head dims " + dims);
   }
@@ -206,10 +202,9 @@ Tensor attention_varlen(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max
   if (out.numel() == 0) return out;
   run(op, out, [&] {
     return cuda::launch_attention(out.data_ptr(), qkv.const_data_ptr(), nullptr,
-                                  cu_seqlens.const_data_ptr<int32_t>(), a.batch, a.seqlen,
-                                  a.tokens, static_cast<int>(a.num_heads),
-                                  static_cast<int>(a.head_dim), static_cast<float>(scale),
-                                  a.dtype, stream_of(stream));
+                                  cu_seqlens.const_data_ptr<int32_t>(), a.batch, a.seqlen, a.tokens,
+                                  static_cast<int>(a.num_heads), static_cast<int>(a.head_dim),
+                                  static_cast<float>(scale), a.dtype, stream_of(stream));
   });
   return out;
 }
@@ -252,9 +247,9 @@ void register_cuda_ops(pybind11::module_& m) {
   k.def("device_count", &cuda_device_count,
         "CUDA devices visible to bertfast's runtime (negative: -cudaError_t)");
   k.def("error_name", &cuda_error_name, "Name of a cudaError_t code", arg("code"));
-  k.def("embed_layernorm", &embed_layernorm, release_gil(), arg("input_ids"),
-        arg("position_ids"), arg("token_type_ids"), arg("word"), arg("pos"), arg("types"),
-        arg("weight"), arg("bias"), arg("eps"), arg("stream"));
+  k.def("embed_layernorm", &embed_layernorm, release_gil(), arg("input_ids"), arg("position_ids"),
+        arg("token_type_ids"), arg("word"), arg("pos"), arg("types"), arg("weight"), arg("bias"),
+        arg("eps"), arg("stream"));
   k.def("add_layernorm", &add_layernorm, release_gil(), arg("x"), arg("residual"), arg("bias"),
         arg("weight"), arg("ln_bias"), arg("eps"), arg("stream"));
   k.def("bias_act", &bias_act, release_gil(), arg("x"), arg("bias"), arg("activation"),

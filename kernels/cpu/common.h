@@ -96,7 +96,9 @@ BF_INLINE float to_f32(f16 v) {
 template <typename T>
 BF_INLINE T from_f32(float v);
 template <>
-BF_INLINE float from_f32<float>(float v) { return v; }
+BF_INLINE float from_f32<float>(float v) {
+  return v;
+}
 template <>
 BF_INLINE f16 from_f32<f16>(float v) {
   // Round to nearest even, overflow to inf, NaN stays NaN; branch-free.
@@ -127,26 +129,26 @@ BF_INLINE bf16 from_f32<bf16>(float v) {
 }
 
 // Runs `body` with `T` bound to the storage type named by `dtype`.
-#define BF_DISPATCH_DTYPE(dtype, T, ...)                                        \
-  switch (dtype) {                                                              \
-    case ::bertfast::kFloat32: {                                           \
-      using T = float;                                                          \
-      __VA_ARGS__;                                                              \
-      break;                                                                    \
-    }                                                                           \
-    case ::bertfast::kFloat16: {                                           \
-      using T = ::bertfast::cpu::f16;                                           \
-      __VA_ARGS__;                                                              \
-      break;                                                                    \
-    }                                                                           \
-    case ::bertfast::kBFloat16: {                                          \
-      using T = ::bertfast::cpu::bf16;                                          \
-      __VA_ARGS__;                                                              \
-      break;                                                                    \
-    }                                                                           \
-    default:                                                                    \
-      throw std::invalid_argument("bertfast cpu: unsupported dtype code " +     \
-                                  std::to_string(static_cast<int>(dtype)));     \
+#define BF_DISPATCH_DTYPE(dtype, T, ...)                                    \
+  switch (dtype) {                                                          \
+    case ::bertfast::kFloat32: {                                            \
+      using T = float;                                                      \
+      __VA_ARGS__;                                                          \
+      break;                                                                \
+    }                                                                       \
+    case ::bertfast::kFloat16: {                                            \
+      using T = ::bertfast::cpu::f16;                                       \
+      __VA_ARGS__;                                                          \
+      break;                                                                \
+    }                                                                       \
+    case ::bertfast::kBFloat16: {                                           \
+      using T = ::bertfast::cpu::bf16;                                      \
+      __VA_ARGS__;                                                          \
+      break;                                                                \
+    }                                                                       \
+    default:                                                                \
+      throw std::invalid_argument("bertfast cpu: unsupported dtype code " + \
+                                  std::to_string(static_cast<int>(dtype))); \
   }
 
 // ------------------------------------------------------------------ threads
@@ -257,11 +259,11 @@ BF_INLINE float relu(float x) { return x < 0.0f ? 0.0f : x; }
 void embed_layernorm(int dtype, void* out, const int64_t* input_ids, const int64_t* position_ids,
                      const int64_t* token_type_ids, const void* word, int64_t vocab,
                      const void* pos, int64_t num_pos, const void* types, int64_t num_types,
-                     const void* weight, const void* bias, int64_t tokens, int64_t width,
-                     float eps, int num_threads);
+                     const void* weight, const void* bias, int64_t tokens, int64_t width, float eps,
+                     int num_threads);
 void add_layernorm(int dtype, void* out, const void* x, const void* residual, const void* bias,
-                   const void* weight, const void* ln_bias, int64_t rows, int64_t hidden,
-                   float eps, int num_threads);
+                   const void* weight, const void* ln_bias, int64_t rows, int64_t hidden, float eps,
+                   int num_threads);
 
 // bias_act.cpp
 void bias_act(int dtype, void* out, const void* x, const void* bias, int64_t rows, int64_t cols,
@@ -272,8 +274,8 @@ void attention_padded(int dtype, void* out, const void* qkv, const uint8_t* mask
                       int64_t seqlen, int64_t num_heads, int64_t hidden, float scale,
                       int num_threads);
 void attention_varlen(int dtype, void* out, const void* qkv, const int32_t* cu_seqlens,
-                      int64_t batch, int64_t tokens, int64_t num_heads, int64_t hidden,
-                      float scale, int num_threads);
+                      int64_t batch, int64_t tokens, int64_t num_heads, int64_t hidden, float scale,
+                      int num_threads);
 
 // gemm.cpp (fp32): out[M, N] = act(x[M, K] @ weight[N, K]^T + bias); activation
 // kNoActivation = none. packed is [ceil(N / panel_width), K, panel_width] floats.

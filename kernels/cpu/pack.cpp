@@ -20,8 +20,8 @@ void check_indices(const int64_t* indices, int64_t n, int64_t limit, const char*
   for (int64_t i = 0; i < n; ++i) {
     if (indices[i] < 0 || indices[i] >= limit)
       throw std::out_of_range(std::string("bertfast._C.cpu.") + op + ": index " +
-                              std::to_string(indices[i]) + " outside [0, " +
-                              std::to_string(limit) + ")");
+                              std::to_string(indices[i]) + " outside [0, " + std::to_string(limit) +
+                              ")");
   }
 }
 

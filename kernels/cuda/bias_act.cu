@@ -29,8 +29,8 @@ __device__ __forceinline__ float activate(float x) {
 }
 
 template <typename T, int VEC, int ACT>
-__global__ void bias_act_kernel(T* out, const T* x, const T* __restrict__ bias,
-                                int64_t num_vectors, int64_t width) {
+__global__ void bias_act_kernel(T* out, const T* x, const T* __restrict__ bias, int64_t num_vectors,
+                                int64_t width) {
   // out and x may alias (in place): no __restrict__ on them, and each vector is
   // read completely before it is written by the same thread.
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -52,8 +52,8 @@ __global__ void bias_act_kernel(T* out, const T* x, const T* __restrict__ bias,
 }
 
 template <typename T, int ACT>
-cudaError_t bias_act_typed(void* out, const void* x, const void* bias, int64_t rows,
-                           int64_t width, cudaStream_t stream) {
+cudaError_t bias_act_typed(void* out, const void* x, const void* bias, int64_t rows, int64_t width,
+                           cudaStream_t stream) {
   constexpr int kVec = Vec16<T>::kElems;
   const bool vectorised = width % kVec == 0 && is_aligned16(out) && is_aligned16(x) &&
                           (bias == nullptr || is_aligned16(bias));
@@ -74,8 +74,8 @@ cudaError_t bias_act_typed(void* out, const void* x, const void* bias, int64_t r
 
 }  // namespace
 
-cudaError_t launch_bias_act(void* out, const void* x, const void* bias, int64_t rows,
-                            int64_t width, int activation, int dtype, cudaStream_t stream) {
+cudaError_t launch_bias_act(void* out, const void* x, const void* bias, int64_t rows, int64_t width,
+                            int activation, int dtype, cudaStream_t stream) {
   if (rows < 0 || width < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   return dispatch_dtype(dtype, [&](auto tag) {

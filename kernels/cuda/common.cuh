@@ -28,10 +28,14 @@ struct TypeTag {
 template <typename F>
 cudaError_t dispatch_dtype(int dtype, F&& f) {
   switch (dtype) {
-    case kFloat32: return f(TypeTag<float>{});
-    case kFloat16: return f(TypeTag<__half>{});
-    case kBFloat16: return f(TypeTag<__nv_bfloat16>{});
-    default: return cudaErrorInvalidValue;
+    case kFloat32:
+      return f(TypeTag<float>{});
+    case kFloat16:
+      return f(TypeTag<__half>{});
+    case kBFloat16:
+      return f(TypeTag<__nv_bfloat16>{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -39,10 +43,14 @@ cudaError_t dispatch_dtype(int dtype, F&& f) {
 template <typename F>
 cudaError_t dispatch_activation(int activation, F&& f) {
   switch (activation) {
-    case kGeluErf: return f(std::integral_constant<int, kGeluErf>{});
-    case kGeluTanh: return f(std::integral_constant<int, kGeluTanh>{});
-    case kRelu: return f(std::integral_constant<int, kRelu>{});
-    default: return cudaErrorInvalidValue;
+    case kGeluErf:
+      return f(std::integral_constant<int, kGeluErf>{});
+    case kGeluTanh:
+      return f(std::integral_constant<int, kGeluTanh>{});
+    case kRelu:
+      return f(std::integral_constant<int, kRelu>{});
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -62,9 +70,13 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162f
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
 template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
@@ -73,7 +85,9 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
 // x rounded to the storage type T and back: what an op computed in T by torch
 // (one fp32 operation, one rounding) leaves behind.
 template <typename T>
-__device__ __forceinline__ float round_to(float x) { return to_float(from_float<T>(x)); }
+__device__ __forceinline__ float round_to(float x) {
+  return to_float(from_float<T>(x));
+}
 
 // Elements of T in one 128-bit vector.
 template <typename T>

@@ -5,6 +5,7 @@ CUDA kernels accept, and what the Triton kernels assume where they restate them.
 A test here fails when two languages disagree about a dtype, an activation code,
 a head-dim or size limit.
 """
+
 import pytest
 import torch
 
@@ -44,8 +45,9 @@ def test_triton_restates_the_same_constants():
     assert set(triton_backend.FLOAT_DTYPES) == set(native.DTYPES)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16,
-                                   torch.float64, torch.int32])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32]
+)
 def test_cpu_kernels_take_exactly_the_listed_dtypes(dtype):
     x = torch.ones(2, 4, dtype=dtype)
     if dtype in native.DTYPES:
@@ -75,12 +77,12 @@ def test_cuda_attention_takes_exactly_the_listed_head_dims():
     for d in sorted(set(K["cuda_attention_head_dims"]) | {16, 48, 256}):
         qkv = torch.randn(1, 8, 3 * d, device="cuda", dtype=torch.float16)
         if d in K["cuda_attention_head_dims"]:
-            out = _C.cuda.attention(qkv, None, 1, d ** -0.5, stream)
-            gold = reference.attention(qkv.double(), None, 1, d ** -0.5)
+            out = _C.cuda.attention(qkv, None, 1, d**-0.5, stream)
+            gold = reference.attention(qkv.double(), None, 1, d**-0.5)
             assert (out.double() - gold).abs().max().item() < 1e-2, d
         else:
             with pytest.raises(ValueError, match=f"head_dim {d} is not one of"):
-                _C.cuda.attention(qkv, None, 1, d ** -0.5, stream)
+                _C.cuda.attention(qkv, None, 1, d**-0.5, stream)
 
 
 @pytest.mark.gpu
@@ -94,10 +96,12 @@ def test_cuda_layernorm_width_limit():
         x = torch.randn(2, w, device="cuda")
         ones, zeros = torch.ones(w, device="cuda"), torch.zeros(w, device="cuda")
         if w <= width:
-            out = _C.cuda.add_layernorm(x, zeros.expand(2, w).contiguous(), None, ones, zeros,
-                                        1e-5, stream)
-            torch.testing.assert_close(out, torch.nn.functional.layer_norm(x, (w,)),
-                                       atol=1e-4, rtol=1e-4)
+            out = _C.cuda.add_layernorm(
+                x, zeros.expand(2, w).contiguous(), None, ones, zeros, 1e-5, stream
+            )
+            torch.testing.assert_close(
+                out, torch.nn.functional.layer_norm(x, (w,)), atol=1e-4, rtol=1e-4
+            )
         else:
             with pytest.raises(ValueError, match="row width"):
                 _C.cuda.add_layernorm(x, x, None, ones, zeros, 1e-5, stream)

@@ -3,6 +3,7 @@ backend: the public op raises IndexError naming the value and the bound. Below t
 op boundary each kernel is bounds-safe on its own: the C++ kernel raises, the
 Triton and CUDA kernels never dereference such an index (a pack writes a filler
 row, an unpack skips it)."""
+
 import pytest
 import torch
 
