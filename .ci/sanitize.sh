@@ -64,7 +64,9 @@ print(f"sanitized extension: {bertfast._C.__file__}", flush=True)
 import pytest
 
 sys.exit(pytest.main([
-    "-q", "-p", "no:cacheprovider", "tests/ops",
+    # --capture=sys: a sanitizer report (written to fd 2) reaches the log even
+    # though the process aborts in the middle of a test.
+    "-q", "-p", "no:cacheprovider", "--capture=sys", "tests/ops",
     # The reference and the Triton kernels do not reach the native code.
     "--ignore=tests/ops/test_triton_backend.py", "--ignore=tests/ops/test_reference.py",
     "-m", "not gpu", "-k", "not triton",
