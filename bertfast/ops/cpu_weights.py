@@ -57,23 +57,13 @@ def _env_rows() -> Optional[int]:
 PACK_MIN_ROWS: Optional[int] = _env_rows()
 
 
-def _threads() -> int:
-    return max(1, torch.get_num_threads())
-
-
 def panel_width() -> int:
     return _kernels.linear_panel_width(True)
 
 
 def pack(weight: Tensor) -> Tensor:
     """The packed panels of an fp32 ``[N, K]`` weight: a new flat tensor."""
-    N, K = weight.shape
-    nr = panel_width()
-    w = weight.detach().contiguous()
-    packed = torch.empty(((N + nr - 1) // nr) * nr * K, dtype=torch.float32)
-    if packed.numel():
-        _kernels.linear_pack(packed.data_ptr(), w.data_ptr(), N, K, True, _threads())
-    return packed
+    return _kernels.linear_pack(weight.detach().contiguous(), True)
 
 
 def unpack(packed: Tensor, N: int, K: int, nr: int) -> Tensor:
