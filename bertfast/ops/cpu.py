@@ -104,7 +104,7 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
         if act is not None and out.numel():
             _kernels.bias_act(out, bias, act, True)
         return out
-    return _kernels.linear_packed(x, packed, bias, N, act, True)
+    return _weights.linear_panels(x, packed, bias, N, act)
 
 
 #: ``BERTFAST_CPU_GEMM=torch`` sends every fp32 GEMM to torch (``F.linear``), and

@@ -82,6 +82,13 @@ def packed_for_call(weight: Tensor, rows: int) -> Optional[Tensor]:
     return None
 
 
+def linear_panels(x: Tensor, packed: Tensor, bias: Optional[Tensor], out_features: int,
+                  activation: Optional[str]) -> Tensor:
+    """``activation(x @ W.T + bias)`` for W held as ``packed`` panels (the C++ GEMM)."""
+    b = None if bias is None else bias.contiguous()
+    return _kernels.linear_packed(x.contiguous(), packed, b, out_features, activation, True)
+
+
 _READ_ONLY = ("bertfast: this weight is packed for the CPU GEMM and owned by the model "
               "(one copy, read-only); call model.unpack_weights(), edit the weights, then "
               "model.refresh() (see README, 'Weights')")
@@ -104,6 +111,7 @@ class PackedWeight(Tensor):
                                             device=packed.device, requires_grad=False)
         out._packed = packed
         out._nr = int(nr)
+        out._out_features = int(shape[0])
         return out
 
     def __init__(self, packed, shape, nr):  # state is set in __new__
@@ -201,5 +209,5 @@ def can_pack(backend: str, device: torch.device, dtype: torch.dtype) -> bool:
     name = _requested(backend)
     if name == "auto":
         name = next((n for n in PREFERENCE["cpu"]
-                     if n != "cpu" or cpu._IMPORT_ERROR is None), "torch")
+                     if n != "cpu" or cpu.IMPORT_ERROR is None), "torch")
     return name == "cpu"
