@@ -163,7 +163,8 @@ def test_e2e(benchmark, bench, timing, e2e_case):
     run = bench.runners[provider.name]
     info = benchmark.extra_info
     info.update({
-        "suite": "e2e", "model": model, "workload": w.id, "kind": w.kind,
+        "suite": "e2e", "model": model, "weights": workloads.weights(model),
+        "workload": w.id, "kind": w.kind,
         "provider": provider.name, "is_bertfast": provider.is_bertfast,
         "is_baseline": provider.is_baseline, "timing": "interleaved",
         "device": bench.device_name, "dtype": str(s.dtype).replace("torch.", ""),

