@@ -25,6 +25,18 @@ from typing import List, Optional, Sequence
 #: are right; an indexing or masking bug gives 1e-1 or more.
 TOLERANCE_FP32 = 1e-4
 
+
+def _check_tolerance(dtype_name: str) -> float:
+    """``bertfast check``'s tolerance for a dtype: TOLERANCE_FP32, or for fp16 / bf16
+    runs the benchmark suite's parity rule (storage rounding compounded over layers)."""
+    if dtype_name == "float32":
+        return TOLERANCE_FP32
+    import torch
+
+    from .bench.parity import PARITY_TOL
+
+    return PARITY_TOL[getattr(torch, dtype_name)]
+
 #: Sentences ``bertfast check`` runs when no --input is given: short and long, cased,
 #: punctuation, numbers, accents, CJK, emoji, and one past the length limit.
 CHECK_SENTENCES = [
@@ -259,7 +271,8 @@ def cmd_check(args) -> int:
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
 
-    embedder = _load_embedder(path, args, dtype=torch.float32)
+    tolerance = _check_tolerance(args.dtype)
+    embedder = _load_embedder(path, args)
     model, tok = embedder.model, embedder.tokenizer
     try:
         ref_tok = AutoTokenizer.from_pretrained(str(path))
@@ -276,7 +289,7 @@ def cmd_check(args) -> int:
     sent_cfg = read_sentence_config(path)
 
     print(f"bertfast check: {path}")
-    print(f"  bertfast backend={args.backend} device={device} dtype=float32 max_length={embedder.max_length}; "
+    print(f"  bertfast backend={args.backend} device={device} dtype={args.dtype} max_length={embedder.max_length}; "
           f"reference transformers {transformers.__version__} {type(ref).__name__} fp32, TF32 off")
     print(f"  {len(sentences)} sentences" + (f" + {len(pairs)} sentence pairs" if pairs else ""))
 
@@ -343,10 +356,10 @@ def cmd_check(args) -> int:
         rows.append(("tokenizer", "input ids identical to transformers" if tok_equal
                      else "input ids DIFFER from transformers' tokenizer", tok_equal))
         rows.append(("last_hidden_state", f"max |diff| {hidden_diff:.2e} (real tokens)",
-                     hidden_diff <= TOLERANCE_FP32))
+                     hidden_diff <= tolerance))
         if pooler_diff is not None:
             rows.append(("pooler_output", f"max |diff| {pooler_diff:.2e}",
-                         pooler_diff <= TOLERANCE_FP32))
+                         pooler_diff <= tolerance))
         else:
             rows.append(("pooler_output", "no pooler in this checkpoint", None))
 
@@ -363,7 +376,7 @@ def cmd_check(args) -> int:
                          f"max |diff| {diff:.2e}, min cosine {float(cos.min()):.7f} "
                          f"({'+'.join(embedder.pooling)} pooling"
                          f"{', normalized' if embedder.normalize else ''})",
-                         diff <= TOLERANCE_FP32))
+                         diff <= tolerance))
 
     width = max(len(name) for name, _, _ in rows)
     for name, text, ok in rows:
@@ -371,7 +384,7 @@ def cmd_check(args) -> int:
     passed = all(ok is not False for _, _, ok in rows)
     verdict = "PASS" if passed else "FAIL"
     print(f"{verdict}: bertfast vs transformers, max abs diff {max(hidden_diff, pooler_diff or 0.0, embed_diff):.2e} "
-          f"(tolerance {TOLERANCE_FP32:.0e}, fp32)")
+          f"(tolerance {tolerance:.0e}, {args.dtype})")
     return 0 if passed else 1
 
 
@@ -434,8 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_progress_options(p)
     p.set_defaults(func=cmd_encode)
 
-    p = sub.add_parser("check", help="compare bertfast with transformers (fp32) on sample sentences")
-    _add_model_options(p, dtype=False)
+    p = sub.add_parser("check", help="compare bertfast (any dtype) with transformers (fp32) "
+                                     "on sample sentences")
+    _add_model_options(p)
     p.add_argument("--input", "-i", default=None,
                    help="UTF-8 text file of sentences to check (default: built-in samples)")
     p.add_argument("--batch-size", type=int, default=32,
