@@ -315,19 +315,45 @@ def test_pack_unpack_roundtrip(dtype):
     assert torch.equal(ops.pack_tokens(ids, indices, backend="triton"), ids[indices])
 
 
-def test_pack_unpack_out_of_range_never_dereferenced():
-    """Indices the boundary check could not see (graph capture): pack flags NaN,
-    unpack drops the row; neither reads or writes outside its tensors."""
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64, torch.int64])
+def test_pack_unpack_out_of_range_never_dereferenced(dtype):
+    """Indices the boundary check could not see (graph capture): pack flags NaN
+    (0 for integer rows), unpack drops the row; neither reads or writes outside its
+    tensors."""
     from bertfast.ops.triton import pack
 
-    x = torch.randn(4, 3, device=DEV)
+    x = (10 * torch.randn(4, 3)).to(dtype).to(DEV)
     idx = torch.tensor([2, 4, -1], device=DEV)
     out = pack.pack_tokens(x, idx)
-    assert torch.equal(out[0], x[2]) and torch.isnan(out[1:]).all()
+    assert out.dtype == dtype and torch.equal(out[0], x[2])
+    if dtype.is_floating_point:
+        assert torch.isnan(out[1:]).all()
+    else:
+        assert (out[1:] == 0).all()
     back = pack.unpack_tokens(x[:3], idx, 4)
-    expect = torch.zeros(4, 3, device=DEV)
+    expect = torch.zeros(4, 3, dtype=dtype, device=DEV)
     expect[2] = x[0]
     assert torch.equal(back, expect)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64])
+def test_pack_unpack_move_bits_exactly(dtype):
+    """Rows move as raw bits: NaN payloads, signed zeros, infinities and subnormals
+    arrive unchanged (compared as integers of the same width)."""
+    bits = {torch.float16: torch.int16, torch.bfloat16: torch.int16,
+            torch.float32: torch.int32, torch.float64: torch.int64}[dtype]
+    info = torch.finfo(dtype)
+    special = torch.tensor([float("nan"), -0.0, 0.0, float("inf"), float("-inf"),
+                            info.tiny / 4, -info.tiny / 2, info.max], dtype=dtype)
+    x = torch.cat([special, (10 * torch.randn(8)).to(dtype)]).reshape(4, 4)
+    raw = x.view(bits).clone()
+    raw[0, 0] = raw[0, 0] | 0x5  # a NaN with its own payload
+    x = raw.view(dtype).to(DEV)
+    indices = torch.tensor([3, 0, 2], device=DEV)
+    packed = ops.pack_tokens(x, indices, backend="triton")
+    assert torch.equal(packed.view(bits), x.view(bits)[indices])
+    back = ops.unpack_tokens(packed, indices, 4, backend="triton")
+    assert torch.equal(back.view(bits)[indices], x.view(bits)[indices])
 
 
 # ------------------------------------------------------------------ end to end
@@ -364,7 +390,7 @@ from triton.compiler import ASTSource
 from bertfast.ops.triton import attention, bias_act, layernorm, linear_act, pack
 
 PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
-       torch.int64: "*i64", torch.int32: "*i32", torch.uint8: "*u8"}
+       torch.int64: "*i64", torch.int32: "*i32", torch.int16: "*i16", torch.uint8: "*u8"}
 
 def build(kernel, args, constexprs, cfg, cap):
     while not isinstance(kernel, triton.runtime.jit.JITFunction):
@@ -411,9 +437,10 @@ build(layernorm._embed_layernorm_kernel, dict(input_ids_ptr=torch.int64,
       vocab_size=30522, max_positions=512, type_vocab_size=2, word_row_stride=1023,
       pos_row_stride=1023, type_row_stride=1023, out_row_stride=1023, eps=1e-12),
       dict(HAS_TOKEN_TYPES=True, BLOCK_M=4, BLOCK_H=1024), ew, cap)
-build(pack._gather_rows_kernel, dict(x_ptr=dt, indices_ptr=torch.int64, out_ptr=dt, n_rows=100,
-      n_src_rows=200, n_cols=384, x_row_stride=384, out_row_stride=384),
-      dict(IS_FLOAT=True, BLOCK_M=8, BLOCK_N=512), ew, cap)
+bits, nan = pack._BITS[dt]  # rows move as the integer type of their width
+build(pack._gather_rows_kernel, dict(x_ptr=bits, indices_ptr=torch.int64, out_ptr=bits,
+      n_rows=100, n_src_rows=200, n_cols=384, x_row_stride=384, out_row_stride=384),
+      dict(FILL_NAN=True, NAN_BITS=nan, BLOCK_M=8, BLOCK_N=512), ew, cap)
 build(pack._scatter_rows_kernel, dict(x_ptr=torch.uint8, indices_ptr=torch.int64,
       out_ptr=torch.uint8, n_rows=100, n_dst_rows=200, n_cols=5, x_row_stride=5,
       out_row_stride=5), dict(BLOCK_M=256, BLOCK_N=16), ew, cap)

@@ -4,6 +4,12 @@ dtype (ids, masks, activations) is accepted; trailing dims are flattened to F.
 
 Bounds-safe: an index outside the source rows is never dereferenced. pack writes a
 NaN row for it (floating dtypes; 0 for integer ones), unpack skips it.
+
+Rows move as raw bits: floating tensors are viewed as the integer type of their width
+(bf16 / fp16 as int16, fp32 as int32, fp64 as int64), so every value, NaN payloads
+included, arrives bit-exact, and the NaN fill is an integer bit pattern. No
+floating-point constant of the storage dtype is built in the kernel (the Triton 3.6
+interpreter cannot build bf16 constants).
 """
 from __future__ import annotations
 
@@ -21,7 +27,8 @@ from ._common import elementwise_warps, is_interpret, next_pow2
 @triton.jit
 def _gather_rows_kernel(
     x_ptr, indices_ptr, out_ptr, n_rows, n_src_rows, n_cols, x_row_stride, out_row_stride,
-    IS_FLOAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    FILL_NAN: tl.constexpr, NAN_BITS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -32,9 +39,10 @@ def _gather_rows_kernel(
     src = tl.where(is_valid, src, 0)
     vals = tl.load(x_ptr + src[:, None] * x_row_stride + cols[None, :],
                    mask=mask & is_valid[:, None], other=0)
-    if IS_FLOAT:
-        vals = tl.where(is_valid[:, None], vals, float("nan"))
-    tl.store(out_ptr + rows[:, None] * out_row_stride + cols[None, :], vals, mask=mask)
+    if FILL_NAN:  # vals hold the bits of floats: the quiet NaN of their width
+        vals = tl.where(is_valid[:, None], vals, NAN_BITS)
+    tl.store(out_ptr + rows[:, None] * out_row_stride + cols[None, :],
+             vals.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # out[indices[t], :] = x[t, :]   (out is zero-filled by the launcher beforehand)
@@ -65,10 +73,22 @@ def _tiles(n_cols: int):
     return block_m, block_n, elementwise_warps(block_m * block_n)
 
 
+#: floating dtype -> (integer dtype of the same width, its quiet NaN's bits)
+_BITS = {
+    torch.float16: (torch.int16, 0x7E00),
+    torch.bfloat16: (torch.int16, 0x7FC0),
+    torch.float32: (torch.int32, 0x7FC00000),
+    torch.float64: (torch.int64, 0x7FF8000000000000),
+}
+
+
 def _as_rows(x: torch.Tensor) -> torch.Tensor:
-    """[N, ...] -> [N, F] with unit column stride; bool seen as uint8."""
+    """[N, ...] -> [N, F] with unit column stride; floats seen as the integer type of
+    their width, bool as uint8."""
     if x.dtype == torch.bool:
         x = x.view(torch.uint8)
+    elif x.dtype in _BITS:
+        x = x.view(_BITS[x.dtype][0])
     n_cols = 1
     for s in x.shape[1:]:
         n_cols *= s
@@ -84,7 +104,8 @@ def pack_tokens(x, indices):
         block_m, block_n, warps = _tiles(n_cols)
         _gather_rows_kernel[(triton.cdiv(n_rows, block_m), triton.cdiv(n_cols, block_n))](
             x2, indices, out, n_rows, x2.shape[0], n_cols, x2.stride(0), out.stride(0),
-            IS_FLOAT=x.dtype.is_floating_point, BLOCK_M=block_m, BLOCK_N=block_n,
+            FILL_NAN=x.dtype in _BITS, NAN_BITS=_BITS.get(x.dtype, (None, 0))[1],
+            BLOCK_M=block_m, BLOCK_N=block_n,
             num_warps=warps,
         )
     return out.view(x.dtype).view((n_rows,) + tuple(x.shape[1:]))
