@@ -126,12 +126,28 @@ def _batch(batch):
     return None
 
 
+def _interpreter_loops(t):
+    """The kernels with a runtime loop bound (GEMM K loop, attention key loop) cannot
+    run under an interpreter that fails such loops (see ``_interpreter.py``)."""
+    if t.device.type != "cpu" or not _interpret():
+        return None
+    from ._interpreter import runtime_loop_limit
+
+    return runtime_loop_limit()
+
+
+def _supports_linear_gelu(x, *rest):
+    return _float(x) or _interpreter_loops(x)
+
+
 def _supports_attention(qkv, mask, num_heads, scale):
-    return _float(qkv) or _head_dim(qkv, num_heads) or _batch(qkv.shape[0])
+    return (_float(qkv) or _head_dim(qkv, num_heads) or _batch(qkv.shape[0])
+            or _interpreter_loops(qkv))
 
 
 def _supports_attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
-    return _float(qkv) or _head_dim(qkv, num_heads) or _batch(cu_seqlens.shape[0] - 1)
+    return (_float(qkv) or _head_dim(qkv, num_heads) or _batch(cu_seqlens.shape[0] - 1)
+            or _interpreter_loops(qkv))
 
 
 def _supports_pack(x, *rest):
@@ -162,7 +178,7 @@ BACKEND = Backend(
         "add_layernorm": _supports_add_layernorm,
         "bias_gelu": _supports_float,
         "bias_gelu_": _supports_float,
-        "linear_gelu": _supports_float,
+        "linear_gelu": _supports_linear_gelu,
         "attention": _supports_attention,
         "attention_varlen": _supports_attention_varlen,
         "pack_tokens": _supports_pack,
