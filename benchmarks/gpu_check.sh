@@ -32,11 +32,13 @@
 # 3 no CUDA device (printed at once, before any work).
 #
 # Environment: PYTHON (default python3), GPU_CHECK_STAGE_TIMEOUT (seconds per stage,
-# default 540), GPU_CHECK_SANITIZE_K (pytest -k expression of the sanitized tests).
+# default 540), GPU_CHECK_SANITIZE_K (pytest -k expression of the sanitized tests),
+# GPU_CHECK_TEST_WORKERS (pytest-xdist workers of the tests stage, default 6),
+# GPU_CHECK_COMMIT (the commit to report when the copy has no .git).
 set -u -o pipefail
 
 usage() {
-  sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' >&2
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2
 }
 
 OUT=""

@@ -80,6 +80,8 @@ def versions() -> Dict[str, str]:
 
 
 def commit() -> str:
+    if os.environ.get("GPU_CHECK_COMMIT"):  # a copy without .git: the caller names it
+        return os.environ["GPU_CHECK_COMMIT"]
     head = _cmd(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"])
     if not head:
         return "unknown (no git metadata in this copy)"
@@ -135,6 +137,31 @@ def test_counts(state: str, log: str) -> List[str]:
     return lines
 
 
+_HEADLINE = re.compile(r"^========= ((?:Invalid|Uninitialized|Race|Barrier|Error|Program hit|"
+                       r"Warning|WARN|Misaligned|Out of range|Malloc|Free|Leaked|Unspecified|"
+                       r"Address)[^\n]*?)(?: at 0x[0-9a-f]+)?$")
+_FRAME = re.compile(r"^=========\s+at (?:0x[0-9a-f]+ in )?(.+?)(?:\+0x[0-9a-f]+| in /|$)")
+
+
+def _error_kinds(body: str) -> List[str]:
+    """One entry per reported error: its headline and the kernel it was found in (the
+    first ``at`` frame), so errors in bertfast's kernels stand apart from others'."""
+    lines = body.splitlines()
+    kinds = []
+    for i, line in enumerate(lines):
+        m = _HEADLINE.match(line)
+        if not m:
+            continue
+        where = ""
+        for nxt in lines[i + 1:i + 3]:
+            f = _FRAME.match(nxt)
+            if f:
+                where = f" in {f.group(1).strip()}"
+                break
+        kinds.append(m.group(1).strip() + where)
+    return kinds
+
+
 def sanitizer_summary(log: str) -> List[str]:
     lines = []
     sections = re.split(r"^########## compute-sanitizer --tool (\w+)\n", log, flags=re.M)
@@ -143,11 +170,7 @@ def sanitizer_summary(log: str) -> List[str]:
         status = re.search(r"^########## \w+ exit status (\d+)", body, re.M)
         summary = re.findall(r"^========= (?:ERROR|RACECHECK) SUMMARY: .*$", body, re.M)
         pytest_line = [ln for ln in body.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
-        kinds = Counter(
-            m.group(1).strip() for m in re.finditer(
-                r"^========= ((?:Invalid|Uninitialized|Race|Barrier|Error|Program hit|Warning|"
-                r"Misaligned|Out of range|Malloc|Free|Leaked|Unspecified|Address)[^\n]*?)(?: at |$)",
-                body, re.M))
+        kinds = Counter(_error_kinds(body))
         rc = status.group(1) if status else "?"
         verdict = ("clean" if rc == "0" else "ERRORS FOUND" if rc == "86" else
                    "timed out" if rc in ("124", "137") else f"failed (exit {rc})")
@@ -245,7 +268,7 @@ def summary(out: str, state: str) -> str:
     bench = bench_section(out, "bench-quick.json", full=False) + bench_section(
         out, "bench-full.json", full=True)
     if bench:
-        parts += ["", "## Benchmarks (fp16)", ""] + bench
+        parts += ["", "## Benchmarks", ""] + bench
     notes = trim(out)
     files = sorted(n for n in os.listdir(out)
                    if os.path.isfile(os.path.join(out, n)) and n != "summary.md")

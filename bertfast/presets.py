@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Union
 __all__ = ["Preset", "PRESETS", "materialize", "resolve", "default_folder"]
 
 #: Bump when the files written by :func:`materialize` change, so stale caches are redone.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -70,14 +70,16 @@ def _vocab(size: int) -> List[str]:
             tokens.append(tok)
 
     letters = string.ascii_lowercase
-    chars = (string.digits + letters + string.punctuation
-             + "".join(chr(c) for c in range(0xA1, 0x250) if chr(c).isprintable())
-             + "".join(chr(c) for c in range(0x370, 0x530) if chr(c).isalpha())
-             + "".join(chr(c) for c in range(0x4E00, 0x4E00 + 2048)))
-    for c in chars:
+    # ASCII characters and their continuations first: with them any lower-case ASCII
+    # word has a WordPiece split, however small the vocabulary
+    for c in string.digits + letters + string.punctuation:
         add(c)
     for c in string.digits + letters:
         add("##" + c)
+    for c in ("".join(chr(c) for c in range(0xA1, 0x250) if chr(c).isprintable())
+              + "".join(chr(c) for c in range(0x370, 0x530) if chr(c).isalpha())
+              + "".join(chr(c) for c in range(0x4E00, 0x4E00 + 2048))):
+        add(c)
     for a in letters:
         for b in letters:
             add(a + b)

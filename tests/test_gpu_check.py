@@ -136,7 +136,7 @@ def test_report_summarises_logs_and_keeps_the_limits(tmp_path):
     assert "1 x needs a thing" in text
     memcheck = next(ln for ln in text.splitlines() if "**memcheck**" in ln)
     assert "ERRORS FOUND" in memcheck and "ERROR SUMMARY: 2 errors" in memcheck
-    assert "2 x Invalid __global__ read of size 4 bytes" in text
+    assert "2 x Invalid __global__ read of size 4 bytes in bertfast::cuda::pack_rows_kernel" in text
     racecheck = next(ln for ln in text.splitlines() if "**racecheck**" in ln)
     assert "clean" in racecheck and "0 hazards" in racecheck
     assert "float16: PASS" in text and "bfloat16: FAIL" in text
