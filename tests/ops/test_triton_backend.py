@@ -477,10 +477,11 @@ build(layernorm._embed_layernorm_kernel, dict(input_ids_ptr=torch.int64,
       vocab_size=30522, max_positions=512, type_vocab_size=2, word_row_stride=1023,
       pos_row_stride=1023, type_row_stride=1023, out_row_stride=1023, eps=1e-12),
       dict(HAS_TOKEN_TYPES=True, BLOCK_M=4, BLOCK_H=1024), ew, cap)
-bits, nan = pack._BITS[dt]  # rows move as the integer type of their width
-build(pack._gather_rows_kernel, dict(x_ptr=bits, indices_ptr=torch.int64, out_ptr=bits,
-      n_rows=100, n_src_rows=200, n_cols=384, x_row_stride=384, out_row_stride=384),
-      dict(FILL_NAN=True, NAN_BITS=nan, BLOCK_M=8, BLOCK_N=512), ew, cap)
+for fdt in (dt, torch.float64):  # rows move as the integer type of their width
+    bits, nan = pack._BITS[fdt]
+    build(pack._gather_rows_kernel, dict(x_ptr=bits, indices_ptr=torch.int64, out_ptr=bits,
+          n_rows=100, n_src_rows=200, n_cols=384, x_row_stride=384, out_row_stride=384),
+          dict(FILL_NAN=True, NAN_BITS=nan, BLOCK_M=8, BLOCK_N=512), ew, cap)
 build(pack._scatter_rows_kernel, dict(x_ptr=torch.uint8, indices_ptr=torch.int64,
       out_ptr=torch.uint8, n_rows=100, n_dst_rows=200, n_cols=5, x_row_stride=5,
       out_row_stride=5), dict(BLOCK_M=256, BLOCK_N=16), ew, cap)
