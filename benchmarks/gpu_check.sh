@@ -197,9 +197,10 @@ stage_sanitize() {
 bench() {
   local profile="$1" json="$2" models="$3" providers="$4" budget="$5" rc=0 r m left
   local deadline=$(( SECONDS + STAGE_TIMEOUT ))
+  local reserve=$(( STAGE_TIMEOUT / 5 ))  # kept for the kernel suite
   local parts=()
   for m in $models; do
-    left=$(( deadline - SECONDS - 20 ))
+    left=$(( deadline - reserve - SECONDS ))
     if [ $left -le 30 ]; then
       [ "$DRY" = 0 ] && echo "bench $profile: no time left for $m" >> "$OUT/bench.log"
       rc=124; continue
@@ -216,7 +217,7 @@ bench() {
   done
   if [ "$DRY" = 0 ]; then
     left=$(( deadline - SECONDS ))
-    [ $left -lt 30 ] && left=30
+    [ $left -lt 30 ] && left=30  # the models ran over: the kernels get a short try
     printf '\n########## kernels (%s)\n' "$profile" >> "$OUT/bench.log"
     run "$profile:kernels" "$OUT/bench.log" "$left" "$PY" -m pytest benchmarks/test_bench_kernels.py -q \
       -p no:cacheprovider --bench-device cuda --bench-dtype float16 --bench-profile "$profile" \
