@@ -10,6 +10,7 @@ under 16 MiB (a longer log keeps its head and its tail). ``STATEDIR`` holds the
 script's scratch files (``stages.tsv``, the JUnit XML of the test run). The second
 form concatenates pytest-benchmark JSON files (those that exist) into one.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,6 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
-from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -32,7 +32,7 @@ SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
 
 # ---------------------------------------------------------------- helpers
-def _cmd(args: List[str]) -> Optional[str]:
+def _cmd(args: list[str]) -> str | None:
     try:
         out = subprocess.run(args, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
@@ -48,8 +48,8 @@ def _read(path: str) -> str:
         return ""
 
 
-def versions() -> Dict[str, str]:
-    info: Dict[str, str] = {}
+def versions() -> dict[str, str]:
+    info: dict[str, str] = {}
     info["python"] = sys.version.split()[0]
     for mod in ("torch", "triton", "transformers", "numpy", "bertfast"):
         try:
@@ -72,8 +72,13 @@ def versions() -> Dict[str, str]:
     san = _cmd(["compute-sanitizer", "--version"])
     if san:
         info["compute-sanitizer"] = san.splitlines()[-1]
-    smi = _cmd(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap",
-                "--format=csv,noheader"])
+    smi = _cmd(
+        [
+            "nvidia-smi",
+            "--query-gpu=name,driver_version,memory.total,compute_cap",
+            "--format=csv,noheader",
+        ]
+    )
     if smi:
         info["nvidia-smi"] = smi.splitlines()[0]
     return info
@@ -89,7 +94,7 @@ def commit() -> str:
     return head + (" (with uncommitted changes)" if dirty else "")
 
 
-def stage_rows(state: str) -> List[List[str]]:
+def stage_rows(state: str) -> list[list[str]]:
     rows = []
     for line in _read(os.path.join(state, "stages.tsv")).splitlines():
         parts = line.split("\t")
@@ -98,7 +103,7 @@ def stage_rows(state: str) -> List[List[str]]:
     return rows
 
 
-def test_counts(state: str, log: str) -> List[str]:
+def test_counts(state: str, log: str) -> list[str]:
     lines = []
     path = os.path.join(state, "tests.xml")
     try:
@@ -107,18 +112,24 @@ def test_counts(state: str, log: str) -> List[str]:
         root = None
     if root is not None:
         suites = [root] if root.tag == "testsuite" else list(root)
-        total = {k: sum(int(s.get(k, 0)) for s in suites)
-                 for k in ("tests", "failures", "errors", "skipped")}
+        total = {
+            k: sum(int(s.get(k, 0)) for s in suites)
+            for k in ("tests", "failures", "errors", "skipped")
+        }
         passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
-        lines.append(f"- {passed} passed, {total['failures']} failed, {total['errors']} errors, "
-                     f"{total['skipped']} skipped ({total['tests']} collected)")
+        lines.append(
+            f"- {passed} passed, {total['failures']} failed, {total['errors']} errors, "
+            f"{total['skipped']} skipped ({total['tests']} collected)"
+        )
         failed, skipped = [], Counter()
         for case in root.iter("testcase"):
             name = f"{case.get('classname', '')}::{case.get('name', '')}"
             for tag in ("failure", "error"):
                 el = case.find(tag)
                 if el is not None:
-                    msg = (el.get("message") or "").splitlines()[0][:160] if el.get("message") else ""
+                    msg = (
+                        (el.get("message") or "").splitlines()[0][:160] if el.get("message") else ""
+                    )
                     failed.append(f"{name}: {msg}")
             el = case.find("skipped")
             if el is not None:
@@ -133,17 +144,21 @@ def test_counts(state: str, log: str) -> List[str]:
             lines += [f"  - {n} x {reason}" for reason, n in skipped.most_common(8)]
     else:
         tail = [ln for ln in log.splitlines() if re.search(r"\d+ (passed|failed)", ln)]
-        lines.append(f"- {tail[-1].strip('= ') if tail else 'no pytest result line (see tests.log)'}")
+        lines.append(
+            f"- {tail[-1].strip('= ') if tail else 'no pytest result line (see tests.log)'}"
+        )
     return lines
 
 
-_HEADLINE = re.compile(r"^========= ((?:Invalid|Uninitialized|Race|Barrier|Error|Program hit|"
-                       r"Warning|WARN|Misaligned|Out of range|Malloc|Free|Leaked|Unspecified|"
-                       r"Address)[^\n]*?)(?: at 0x[0-9a-f]+)?$")
+_HEADLINE = re.compile(
+    r"^========= ((?:Invalid|Uninitialized|Race|Barrier|Error|Program hit|"
+    r"Warning|WARN|Misaligned|Out of range|Malloc|Free|Leaked|Unspecified|"
+    r"Address)[^\n]*?)(?: at 0x[0-9a-f]+)?$"
+)
 _FRAME = re.compile(r"^=========\s+at (?:0x[0-9a-f]+ in )?(.+?)(?:\+0x[0-9a-f]+| in /|$)")
 
 
-def _error_kinds(body: str) -> List[str]:
+def _error_kinds(body: str) -> list[str]:
     """One entry per reported error: its headline and the kernel it was found in (the
     first ``at`` frame), so errors in bertfast's kernels stand apart from others'."""
     lines = body.splitlines()
@@ -153,7 +168,7 @@ def _error_kinds(body: str) -> List[str]:
         if not m:
             continue
         where = ""
-        for nxt in lines[i + 1:i + 3]:
+        for nxt in lines[i + 1 : i + 3]:
             f = _FRAME.match(nxt)
             if f:
                 where = f" in {f.group(1).strip()}"
@@ -162,28 +177,38 @@ def _error_kinds(body: str) -> List[str]:
     return kinds
 
 
-def sanitizer_summary(log: str) -> List[str]:
+def sanitizer_summary(log: str) -> list[str]:
     lines = []
     sections = re.split(r"^########## compute-sanitizer --tool (\w+)\n", log, flags=re.M)
     # sections: [before, tool1, body1, tool2, body2, ...]
     for tool, body in zip(sections[1::2], sections[2::2]):
         status = re.search(r"^########## \w+ exit status (\d+)", body, re.M)
         summary = re.findall(r"^========= (?:ERROR|RACECHECK) SUMMARY: .*$", body, re.M)
-        pytest_line = [ln for ln in body.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)]
+        pytest_line = [
+            ln for ln in body.splitlines() if re.search(r"\d+ (passed|failed|error)", ln)
+        ]
         kinds = Counter(_error_kinds(body))
         rc = status.group(1) if status else "?"
-        verdict = ("clean" if rc == "0" else "ERRORS FOUND" if rc == "86" else
-                   "timed out" if rc in ("124", "137") else f"failed (exit {rc})")
-        lines.append(f"- **{tool}**: {verdict}; "
-                     + ("; ".join(s.replace("=========", "").strip() for s in summary)
-                        or "no summary line")
-                     + (f"; pytest: {pytest_line[-1].strip('= ')}" if pytest_line else ""))
+        verdict = (
+            "clean"
+            if rc == "0"
+            else "ERRORS FOUND"
+            if rc == "86"
+            else "timed out"
+            if rc in ("124", "137")
+            else f"failed (exit {rc})"
+        )
+        lines.append(
+            f"- **{tool}**: {verdict}; "
+            + ("; ".join(s.replace("=========", "").strip() for s in summary) or "no summary line")
+            + (f"; pytest: {pytest_line[-1].strip('= ')}" if pytest_line else "")
+        )
         for kind, n in kinds.most_common(6):
             lines.append(f"  - {n} x {kind[:150]}")
     return lines or ["- not run"]
 
 
-def check_summary(log: str) -> List[str]:
+def check_summary(log: str) -> list[str]:
     lines = []
     for chunk in log.split("\n$ ")[1:]:
         cmd = chunk.splitlines()[0]
@@ -191,13 +216,15 @@ def check_summary(log: str) -> List[str]:
         verdict = [ln for ln in chunk.splitlines() if ln.startswith(("PASS:", "FAIL:"))]
         err = [ln for ln in chunk.splitlines() if ln.startswith("bertfast: error")]
         rows = [ln.strip() for ln in chunk.splitlines() if re.match(r"\s+\S+\s+(PASS|FAIL)\s", ln)]
-        lines.append(f"- {dtype.group(1) if dtype else cmd}: "
-                     + (verdict[-1] if verdict else err[-1] if err else "no verdict (see check.log)"))
+        lines.append(
+            f"- {dtype.group(1) if dtype else cmd}: "
+            + (verdict[-1] if verdict else err[-1] if err else "no verdict (see check.log)")
+        )
         lines += [f"  - {r}" for r in rows if " FAIL " in f" {r} "]
     return lines or ["- not run"]
 
 
-def bench_section(out: str, name: str, full: bool) -> List[str]:
+def bench_section(out: str, name: str, full: bool) -> list[str]:
     path = os.path.join(out, name)
     if not os.path.exists(path):
         return []
@@ -219,7 +246,7 @@ def bench_section(out: str, name: str, full: bool) -> List[str]:
     return [f"### {name}", "", text, ""]
 
 
-def trim(out: str) -> List[str]:
+def trim(out: str) -> list[str]:
     """Keep OUTDIR within the device's limits: cut logs over 16 MiB (head + tail)."""
     notes = []
     for name in sorted(os.listdir(out)):
@@ -233,8 +260,11 @@ def trim(out: str) -> List[str]:
                 f.seek(size - KEEP_TAIL)
                 tail = f.read()
             with open(path, "wb") as f:
-                f.write(head + f"\n\n[... {size - KEEP_HEAD - KEEP_TAIL} bytes cut ...]\n\n"
-                        .encode() + tail)
+                f.write(
+                    head
+                    + f"\n\n[... {size - KEEP_HEAD - KEEP_TAIL} bytes cut ...]\n\n".encode()
+                    + tail
+                )
             notes.append(f"{name} cut from {size} bytes to its head and tail")
     files = [n for n in os.listdir(out) if os.path.isfile(os.path.join(out, n))]
     if len(files) > MAX_FILES:
@@ -250,12 +280,15 @@ def summary(out: str, state: str) -> str:
     stages = stage_rows(state)
     parts = ["# bertfast GPU check", ""]
     parts.append(f"- commit: {commit()}")
-    parts.append(f"- device: {v.pop('nvidia-smi', v.get('device (torch)', 'unknown'))} "
-                 "(name, driver, memory, compute capability)")
+    parts.append(
+        f"- device: {v.pop('nvidia-smi', v.get('device (torch)', 'unknown'))} "
+        "(name, driver, memory, compute capability)"
+    )
     parts.append("- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()))
     parts += ["", "## Stages", "", "| stage | result | seconds | note |", "|---|---|---|---|"]
-    parts += [f"| {s} | {'PASS' if r == 'pass' else r.upper()} | {t} | {n} |"
-              for s, r, t, n in stages]
+    parts += [
+        f"| {s} | {'PASS' if r == 'pass' else r.upper()} | {t} | {n} |" for s, r, t, n in stages
+    ]
     done = {s for s, *_ in stages}
     if "tests" in done:
         parts += ["", "## Tests", ""] + test_counts(state, _read(os.path.join(out, "tests.log")))
@@ -266,18 +299,23 @@ def summary(out: str, state: str) -> str:
         parts += ["", "## bertfast check --device cuda", ""]
         parts += check_summary(_read(os.path.join(out, "check.log")))
     bench = bench_section(out, "bench-quick.json", full=False) + bench_section(
-        out, "bench-full.json", full=True)
+        out, "bench-full.json", full=True
+    )
     if bench:
         parts += ["", "## Benchmarks", ""] + bench
     notes = trim(out)
-    files = sorted(n for n in os.listdir(out)
-                   if os.path.isfile(os.path.join(out, n)) and n != "summary.md")
-    parts += ["", "## Files", "", "- summary.md (this file)"] + [f"- {n} ({os.path.getsize(os.path.join(out, n))} bytes)"
-                                     for n in files] + [f"- note: {n}" for n in notes]
+    files = sorted(
+        n for n in os.listdir(out) if os.path.isfile(os.path.join(out, n)) and n != "summary.md"
+    )
+    parts += (
+        ["", "## Files", "", "- summary.md (this file)"]
+        + [f"- {n} ({os.path.getsize(os.path.join(out, n))} bytes)" for n in files]
+        + [f"- note: {n}" for n in notes]
+    )
     return "\n".join(parts) + "\n"
 
 
-def merge(target: str, sources: List[str]) -> int:
+def merge(target: str, sources: list[str]) -> int:
     merged = None
     for path in sources:
         if not os.path.exists(path):

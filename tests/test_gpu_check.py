@@ -6,6 +6,7 @@ each under a ``timeout`` that keeps it inside a 10-minute device call. The repor
 script is checked on fabricated stage logs (pytest JUnit XML, compute-sanitizer and
 ``bertfast check`` output) and on the limits of what a device run brings back.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,14 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash
 
 def _run(*args, env=None, timeout=120):
     env = dict(os.environ if env is None else env, PYTHON=sys.executable)
-    return subprocess.run(["bash", SCRIPT, *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", SCRIPT, *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
@@ -56,8 +63,7 @@ def test_dry_run_lists_every_stage_bounded(tmp_path):
     lines = result.stdout.strip().splitlines()
     labels = [re.match(r"\[([\w:-]+)\]", ln).group(1) for ln in lines]
     assert labels[0] == "install"
-    for stage in ("tests", "check:float16", "check:bfloat16", "quick:bert-base",
-                  "full:bert-large"):
+    for stage in ("tests", "check:float16", "check:bfloat16", "quick:bert-base", "full:bert-large"):
         assert stage in labels, labels
     for tool in ("memcheck", "racecheck", "synccheck", "initcheck"):
         assert f"sanitize:{tool}" in labels
@@ -65,11 +71,13 @@ def test_dry_run_lists_every_stage_bounded(tmp_path):
     # every command is bounded, each stage within a 10-minute call
     limits = [int(m.group(1)) for ln in lines for m in [re.search(r"\] timeout (\d+) ", ln)] if m]
     assert limits and max(limits) < 600
-    sanitize = sum(int(re.search(r"timeout (\d+)", ln).group(1))
-                   for ln in lines if ln.startswith("[sanitize:"))
+    sanitize = sum(
+        int(re.search(r"timeout (\d+)", ln).group(1)) for ln in lines if ln.startswith("[sanitize:")
+    )
     assert sanitize < 600
-    assert any("compute-sanitizer --tool memcheck" in ln and "test_cuda_backend.py" in ln
-               for ln in lines)
+    assert any(
+        "compute-sanitizer --tool memcheck" in ln and "test_cuda_backend.py" in ln for ln in lines
+    )
 
 
 # ---------------------------------------------------------------- the report
@@ -104,7 +112,8 @@ FAIL: bertfast vs transformers, max abs diff 9.00e-01 (tolerance 2e-01, bfloat16
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0"
 failures="1" skipped="1" tests="4"><testcase classname="tests.test_a" name="test_ok"/>
 <testcase classname="tests.test_a" name="test_ok2"/>
-<testcase classname="tests.test_a" name="test_bad"><failure message="assert 1 == 2">x</failure></testcase>
+<testcase classname="tests.test_a" name="test_bad">
+<failure message="assert 1 == 2">x</failure></testcase>
 <testcase classname="tests.test_b" name="test_skip"><skipped message="needs a thing"/></testcase>
 </testsuite></testsuites>"""
 
@@ -118,10 +127,12 @@ def test_report_summarises_logs_and_keeps_the_limits(tmp_path):
     out, state = tmp_path / "out", tmp_path / "state"
     out.mkdir()
     state.mkdir()
-    (state / "stages.tsv").write_text("install\tpass\t60\tBERTFAST_CUDA_ARCHS=90\n"
-                                      "tests\tfail\t300\texit status 1\n"
-                                      "sanitize\tfail\t400\texit status 86\n"
-                                      "check\tfail\t90\texit status 1\n")
+    (state / "stages.tsv").write_text(
+        "install\tpass\t60\tBERTFAST_CUDA_ARCHS=90\n"
+        "tests\tfail\t300\texit status 1\n"
+        "sanitize\tfail\t400\texit status 86\n"
+        "check\tfail\t90\texit status 1\n"
+    )
     (state / "tests.xml").write_text(JUNIT)
     (out / "sanitize.log").write_text(SANITIZE_LOG)
     (out / "check.log").write_text(CHECK_LOG)

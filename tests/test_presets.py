@@ -1,5 +1,6 @@
 """``bertfast.presets``: built-in architectures with random weights, written as complete
 Hugging Face folders that bertfast, transformers and sentence-transformers load alike."""
+
 from __future__ import annotations
 
 import json
@@ -12,24 +13,48 @@ from bertfast.presets import PRESETS, Preset, materialize, resolve
 
 transformers = pytest.importorskip("transformers")
 
-TINY = Preset(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=80,
-              vocab_size=500, max_position_embeddings=64, sentence=True)
+TINY = Preset(
+    hidden_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=3,
+    intermediate_size=80,
+    vocab_size=500,
+    max_position_embeddings=64,
+    sentence=True,
+)
 
 
 def test_published_architectures():
     base = transformers.BertConfig()  # transformers' defaults are BERT-base's
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "vocab_size", "max_position_embeddings", "type_vocab_size"):
+    for key in (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "vocab_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+    ):
         assert getattr(PRESETS["bert-base"], key) == getattr(base, key), key
     large = PRESETS["bert-large"]
-    assert (large.hidden_size, large.num_hidden_layers, large.num_attention_heads,
-            large.intermediate_size) == (1024, 24, 16, 4096)
+    assert (
+        large.hidden_size,
+        large.num_hidden_layers,
+        large.num_attention_heads,
+        large.intermediate_size,
+    ) == (1024, 24, 16, 4096)
     packaged = presets.packaged_minilm()
     if packaged is not None:
         cfg = json.loads((packaged / "config.json").read_text())
         mini = PRESETS["minilm-l6"]
-        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "intermediate_size", "vocab_size", "max_position_embeddings"):
+        for key in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
             assert getattr(mini, key) == cfg[key], key
 
 
@@ -47,15 +72,19 @@ def test_folder_loads_in_transformers_and_bertfast(tmp_path):
     texts = ["Hello world, this is a test.", "naïve façade — déjà vu 3.14", ""]
     ours = Tokenizer.from_pretrained(folder)(texts)
     theirs = transformers.AutoTokenizer.from_pretrained(str(folder))(
-        texts, padding=True, return_tensors="pt")
+        texts, padding=True, return_tensors="pt"
+    )
     assert torch.equal(ours["input_ids"], theirs["input_ids"])
     assert (ours["input_ids"] == 100).float().mean() < 0.2  # mostly real pieces, few [UNK]
 
     model = bertfast.from_pretrained(folder, backend="torch")
     with torch.no_grad():
         expect = ref.eval()(**theirs).last_hidden_state
-        got = model(ours["input_ids"], attention_mask=ours["attention_mask"],
-                    token_type_ids=ours["token_type_ids"]).last_hidden_state
+        got = model(
+            ours["input_ids"],
+            attention_mask=ours["attention_mask"],
+            token_type_ids=ours["token_type_ids"],
+        ).last_hidden_state
     real = ours["attention_mask"].bool()
     assert (got[real] - expect[real]).abs().max() < 1e-4
 
@@ -69,7 +98,7 @@ def test_sentence_transformers_layout(tmp_path):
     ours = Embedder.from_pretrained(folder, backend="torch").encode(texts)
     theirs = st.SentenceTransformer(str(folder), device="cpu").encode(texts)
     assert abs(ours - theirs).max() < 1e-5
-    assert abs((ours ** 2).sum(-1) - 1).max() < 1e-5  # normalised, as the layout says
+    assert abs((ours**2).sum(-1) - 1).max() < 1e-5  # normalised, as the layout says
 
 
 def test_deterministic_and_reused(tmp_path):

@@ -19,22 +19,54 @@ BERT-base / BERT-large / MiniLM-L6 architectures with random weights): nothing h
 needs a download or the packaged MiniLM. The full suite (torch.compile, ONNX Runtime,
 kernels, report) is ``pytest benchmarks`` (see ``benchmarks/README.md``).
 """
+
 from __future__ import annotations
 
 from .cli import main
 from .parity import PARITY_TOL, parity_error
-from .providers import (BertfastProvider, Provider, TransformersProvider, bertfast_backends,
-                        builtin_providers, provider_by_name)
+from .providers import (
+    BertfastProvider,
+    Provider,
+    TransformersProvider,
+    bertfast_backends,
+    builtin_providers,
+    provider_by_name,
+)
 from .report import format_table
-from .timing import (Stats, device_name, gemm_ceiling, measure, peak_memory, rounds_for,
-                     synchronize)
-from .workload import (Batch, ModelDims, encoder_flops, make_batch, padding_lengths,
-                       parse_shape, ragged_lengths)
+from .timing import Stats, device_name, gemm_ceiling, measure, peak_memory, rounds_for, synchronize
+from .workload import (
+    Batch,
+    ModelDims,
+    encoder_flops,
+    make_batch,
+    padding_lengths,
+    parse_shape,
+    ragged_lengths,
+)
 
 __all__ = [
-    "ModelDims", "encoder_flops", "ragged_lengths", "padding_lengths", "parse_shape", "Batch",
-    "make_batch", "Stats", "measure", "rounds_for", "synchronize", "peak_memory",
-    "gemm_ceiling", "device_name", "PARITY_TOL", "parity_error", "Provider",
-    "BertfastProvider", "TransformersProvider", "bertfast_backends", "builtin_providers",
-    "provider_by_name", "format_table", "main",
+    "ModelDims",
+    "encoder_flops",
+    "ragged_lengths",
+    "padding_lengths",
+    "parse_shape",
+    "Batch",
+    "make_batch",
+    "Stats",
+    "measure",
+    "rounds_for",
+    "synchronize",
+    "peak_memory",
+    "gemm_ceiling",
+    "device_name",
+    "PARITY_TOL",
+    "parity_error",
+    "Provider",
+    "BertfastProvider",
+    "TransformersProvider",
+    "bertfast_backends",
+    "builtin_providers",
+    "provider_by_name",
+    "format_table",
+    "main",
 ]

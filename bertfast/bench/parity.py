@@ -1,4 +1,5 @@
 """Whether a provider's output is right: the per-dtype tolerance and the error measure."""
+
 from __future__ import annotations
 
 import torch
@@ -21,4 +22,3 @@ def parity_error(out, ref: torch.Tensor, mask: torch.Tensor) -> float:
     diff = (out - ref.float()).abs().amax(-1)
     keep = mask.to(ref.device).bool()
     return float(diff[keep].max()) if keep.any() else 0.0
-

@@ -1,16 +1,23 @@
 """The in-process providers: each way of running the encoder behind one interface
 (bertfast per backend, transformers eager / SDPA). The suite in ``benchmarks/`` adds
 torch.compile and ONNX Runtime on top of these."""
+
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from collections.abc import Callable
 
 import torch
 
 from .workload import Batch
 
-__all__ = ["Provider", "BertfastProvider", "TransformersProvider",
-           "bertfast_backends", "builtin_providers", "provider_by_name"]
+__all__ = [
+    "Provider",
+    "BertfastProvider",
+    "TransformersProvider",
+    "bertfast_backends",
+    "builtin_providers",
+    "provider_by_name",
+]
 
 
 class Provider:
@@ -22,7 +29,7 @@ class Provider:
     #: Baselines are measured first on every workload so bertfast rows can carry ratios.
     is_baseline = True
 
-    def unavailable(self, device: str, dtype: torch.dtype) -> Optional[str]:
+    def unavailable(self, device: str, dtype: torch.dtype) -> str | None:
         return None
 
     def load(self, model_path: str, device: str, dtype: torch.dtype) -> Callable:
@@ -50,14 +57,18 @@ class BertfastProvider(Provider):
     def load(self, model_path, device, dtype):
         import bertfast
 
-        model = bertfast.from_pretrained(model_path, device=device, dtype=dtype,
-                                         backend=self.backend)
+        model = bertfast.from_pretrained(
+            model_path, device=device, dtype=dtype, backend=self.backend
+        )
         model.eval()
 
         @torch.inference_mode()
         def run(batch: Batch):
-            return model(batch.input_ids, attention_mask=batch.attention_mask,
-                         token_type_ids=batch.token_type_ids).last_hidden_state
+            return model(
+                batch.input_ids,
+                attention_mask=batch.attention_mask,
+                token_type_ids=batch.token_type_ids,
+            ).last_hidden_state
 
         return run
 
@@ -65,7 +76,7 @@ class BertfastProvider(Provider):
 class TransformersProvider(Provider):
     """transformers ``AutoModel`` with the given attention implementation."""
 
-    def __init__(self, attn: str, name: Optional[str] = None):
+    def __init__(self, attn: str, name: str | None = None):
         self.attn = attn
         self.name = name or f"transformers-{attn}"
 
@@ -79,8 +90,7 @@ class TransformersProvider(Provider):
     def load_module(self, model_path, device, dtype):
         from transformers import AutoModel
 
-        model = AutoModel.from_pretrained(model_path, attn_implementation=self.attn,
-                                          dtype=dtype)
+        model = AutoModel.from_pretrained(model_path, attn_implementation=self.attn, dtype=dtype)
         return model.to(device).eval()
 
     def load(self, model_path, device, dtype):
@@ -88,13 +98,16 @@ class TransformersProvider(Provider):
 
         @torch.inference_mode()
         def run(batch: Batch):
-            return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                         token_type_ids=batch.token_type_ids).last_hidden_state
+            return model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                token_type_ids=batch.token_type_ids,
+            ).last_hidden_state
 
         return run
 
 
-def bertfast_backends(device: str) -> List[str]:
+def bertfast_backends(device: str) -> list[str]:
     """Backends bertfast can run on ``device`` (never the Triton interpreter on CPU)."""
     try:
         import bertfast
@@ -106,9 +119,9 @@ def bertfast_backends(device: str) -> List[str]:
     return [b for b, why in status.items() if why is None and not (dev == "cpu" and b == "triton")]
 
 
-def builtin_providers(device: str) -> List[Provider]:
+def builtin_providers(device: str) -> list[Provider]:
     """Baselines first, then one bertfast provider per usable backend."""
-    out: List[Provider] = [TransformersProvider("eager"), TransformersProvider("sdpa")]
+    out: list[Provider] = [TransformersProvider("eager"), TransformersProvider("sdpa")]
     backends = bertfast_backends(device) or ["torch"]
     out += [BertfastProvider(b) for b in backends]
     return out
@@ -122,6 +135,5 @@ def provider_by_name(name: str, device: str) -> Provider:
     if name in known:
         return known[name]
     if name.startswith("bertfast-"):
-        return BertfastProvider(name[len("bertfast-"):])
-    raise ValueError(f"unknown provider {name!r}; known: {sorted(known)} "
-                     "or bertfast-<backend>")
+        return BertfastProvider(name[len("bertfast-") :])
+    raise ValueError(f"unknown provider {name!r}; known: {sorted(known)} or bertfast-<backend>")

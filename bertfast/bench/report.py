@@ -1,24 +1,37 @@
 """How a ``bertfast bench`` run is shown: rows -> a Markdown table, and the JSON file."""
+
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Sequence
+from collections.abc import Sequence
 
 __all__ = ["format_table", "FOOTNOTE", "write_json"]
 
-FOOTNOTE = ("ratios are speedups (baseline time / provider time), same run, same inputs; "
-            "GFLOP/s counts real-token FLOPs only.")
+FOOTNOTE = (
+    "ratios are speedups (baseline time / provider time), same run, same inputs; "
+    "GFLOP/s counts real-token FLOPs only."
+)
 
 
-def format_table(rows: List[Dict[str, object]], baselines: Sequence[str]) -> str:
+def format_table(rows: list[dict[str, object]], baselines: Sequence[str]) -> str:
     """One Markdown row per (shape, provider); a ``x <baseline>`` column per baseline."""
-    head = ["shape", "provider", "median ms", "IQR ms", "seq/s", "tok/s", "GFLOP/s",
-            "% GEMM peak"] + [f"x {b}" for b in baselines] + ["parity"]
+    head = (
+        ["shape", "provider", "median ms", "IQR ms", "seq/s", "tok/s", "GFLOP/s", "% GEMM peak"]
+        + [f"x {b}" for b in baselines]
+        + ["parity"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["shape"], r["provider"], f"{r['median_ms']:.2f}", f"{r['iqr_ms']:.2f}",
-                 f"{r['seq_per_s']:.1f}", f"{r['tok_per_s']:.0f}", f"{r['gflops']:.1f}",
-                 f"{r['ceiling_share'] * 100:.0f}%" if r.get("ceiling_share") else "-"]
+        cells = [
+            r["shape"],
+            r["provider"],
+            f"{r['median_ms']:.2f}",
+            f"{r['iqr_ms']:.2f}",
+            f"{r['seq_per_s']:.1f}",
+            f"{r['tok_per_s']:.0f}",
+            f"{r['gflops']:.1f}",
+            f"{r['ceiling_share'] * 100:.0f}%" if r.get("ceiling_share") else "-",
+        ]
         for b in baselines:
             v = r["ratios"].get(b)
             cells.append(f"{v:.2f}" if v else "-")
@@ -27,6 +40,6 @@ def format_table(rows: List[Dict[str, object]], baselines: Sequence[str]) -> str
     return "\n".join(lines)
 
 
-def write_json(path: str, header: Dict[str, object], rows: List[Dict[str, object]]) -> None:
+def write_json(path: str, header: dict[str, object], rows: list[dict[str, object]]) -> None:
     with open(path, "w") as f:
         json.dump(dict(header, rows=rows), f, indent=1)

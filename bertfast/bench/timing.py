@@ -1,22 +1,30 @@
 """How a benchmark times: warmup and robust statistics, peak memory of one call, the
 machine's GEMM ceiling, and a short name for the machine."""
+
 from __future__ import annotations
 
 import gc
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, List, Optional
 
 import torch
 
-__all__ = ["Stats", "synchronize", "measure", "rounds_for", "peak_memory", "gemm_ceiling",
-           "device_name"]
+__all__ = [
+    "Stats",
+    "synchronize",
+    "measure",
+    "rounds_for",
+    "peak_memory",
+    "gemm_ceiling",
+    "device_name",
+]
 
 
 @dataclass
 class Stats:
-    times: List[float]
+    times: list[float]
 
     @property
     def median(self) -> float:
@@ -39,17 +47,24 @@ def synchronize(device) -> None:
         torch.cuda.synchronize()
 
 
-def measure(fn: Callable[[], object], device="cpu", warmup: int = 2, min_rounds: int = 5,
-            max_rounds: int = 200, budget_s: float = 2.0) -> Stats:
+def measure(
+    fn: Callable[[], object],
+    device="cpu",
+    warmup: int = 2,
+    min_rounds: int = 5,
+    max_rounds: int = 200,
+    budget_s: float = 2.0,
+) -> Stats:
     """Run ``fn`` ``warmup`` times, then time it until ``budget_s`` is spent (at least
     ``min_rounds`` and at most ``max_rounds`` calls), synchronizing around each call."""
     for _ in range(warmup):
         fn()
     synchronize(device)
-    times: List[float] = []
+    times: list[float] = []
     start = time.perf_counter()
-    while len(times) < max_rounds and (len(times) < min_rounds
-                                       or time.perf_counter() - start < budget_s):
+    while len(times) < max_rounds and (
+        len(times) < min_rounds or time.perf_counter() - start < budget_s
+    ):
         t0 = time.perf_counter()
         fn()
         synchronize(device)
@@ -57,8 +72,9 @@ def measure(fn: Callable[[], object], device="cpu", warmup: int = 2, min_rounds:
     return Stats(times)
 
 
-def rounds_for(seconds_per_call: float, budget_s: float, min_rounds: int = 3,
-               max_rounds: int = 200) -> int:
+def rounds_for(
+    seconds_per_call: float, budget_s: float, min_rounds: int = 3, max_rounds: int = 200
+) -> int:
     """How many rounds fit ``budget_s`` given one call's time."""
     if seconds_per_call <= 0:
         return max_rounds
@@ -84,7 +100,7 @@ def _malloc_trim() -> None:
         pass
 
 
-def peak_memory(fn: Callable[[], object], device="cpu") -> Optional[int]:
+def peak_memory(fn: Callable[[], object], device="cpu") -> int | None:
     """Bytes of memory one call of ``fn`` needs beyond what was held before it.
 
     CUDA: ``torch.cuda.max_memory_allocated`` growth over the call. CPU (Linux): growth
@@ -115,8 +131,13 @@ def peak_memory(fn: Callable[[], object], device="cpu") -> Optional[int]:
         return None
 
 
-def gemm_ceiling(device="cpu", dtype=torch.float32, n: int = 2048, budget_s: float = 2.0,
-                 with_bertfast: bool = False) -> float:
+def gemm_ceiling(
+    device="cpu",
+    dtype=torch.float32,
+    n: int = 2048,
+    budget_s: float = 2.0,
+    with_bertfast: bool = False,
+) -> float:
     """The machine's achievable GEMM throughput (GFLOP/s): an ``n x n x n`` matmul via
     ``torch.mm``, or with ``with_bertfast`` the best of that and ``bertfast.ops.linear``
     on each usable backend (the cpu backend's packed GEMM outruns torch's sgemm on some
@@ -129,15 +150,16 @@ def gemm_ceiling(device="cpu", dtype=torch.float32, n: int = 2048, budget_s: flo
         from .. import ops
         from .providers import bertfast_backends
 
-        fns += [lambda be=be: ops.linear(a, b, None, backend=be)
-                for be in bertfast_backends(device)]
+        fns += [
+            lambda be=be: ops.linear(a, b, None, backend=be) for be in bertfast_backends(device)
+        ]
     best = 0.0
     for fn in fns:
         try:
             stats = measure(fn, device, warmup=3, min_rounds=5, budget_s=budget_s)
         except Exception:  # a backend without a kernel for this input
             continue
-        best = max(best, 2 * n ** 3 / stats.median / 1e9)
+        best = max(best, 2 * n**3 / stats.median / 1e9)
     return best
 
 
@@ -161,4 +183,3 @@ def device_name(device="cpu") -> str:
     while "--" in slug:
         slug = slug.replace("--", "-")
     return slug.strip("-")
-

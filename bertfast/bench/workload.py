@@ -5,18 +5,26 @@ tokens only. A padded baseline that spends work on padding gets no credit for it
 GFLOP/s of two providers on the same batch compare exactly like their speeds. The
 padded count is reported beside it where it differs.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["ModelDims", "encoder_flops", "ragged_lengths", "padding_lengths", "Batch",
-           "make_batch", "parse_shape"]
+__all__ = [
+    "ModelDims",
+    "encoder_flops",
+    "ragged_lengths",
+    "padding_lengths",
+    "Batch",
+    "make_batch",
+    "parse_shape",
+]
 
 
 @dataclass(frozen=True)
@@ -27,13 +35,17 @@ class ModelDims:
     intermediate: int
 
     @classmethod
-    def from_config(cls, cfg) -> "ModelDims":
+    def from_config(cls, cfg) -> ModelDims:
         get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
-        return cls(int(get("hidden_size")), int(get("num_hidden_layers")),
-                   int(get("num_attention_heads")), int(get("intermediate_size")))
+        return cls(
+            int(get("hidden_size")),
+            int(get("num_hidden_layers")),
+            int(get("num_attention_heads")),
+            int(get("intermediate_size")),
+        )
 
     @classmethod
-    def from_path(cls, path: str) -> "ModelDims":
+    def from_path(cls, path: str) -> ModelDims:
         with open(os.path.join(path, "config.json")) as f:
             return cls.from_config(json.load(f))
 
@@ -53,8 +65,9 @@ def encoder_flops(dims: ModelDims, lengths: Sequence[int]) -> int:
 
 
 # ---------------------------------------------------------------- lengths
-def ragged_lengths(batch: int, mean: float, max_len: int, min_len: int = 8,
-                   sigma: float = 0.6, seed: int = 0) -> List[int]:
+def ragged_lengths(
+    batch: int, mean: float, max_len: int, min_len: int = 8, sigma: float = 0.6, seed: int = 0
+) -> list[int]:
     """Sequence lengths for a ragged batch, as a tokenizer with ``padding=True`` sees them.
 
     Sentence and passage lengths in tokens are right-skewed and close to log-normal;
@@ -63,12 +76,12 @@ def ragged_lengths(batch: int, mean: float, max_len: int, min_len: int = 8,
     ``mean``; draws are clipped to ``[min_len, max_len]``. Deterministic per seed.
     """
     g = torch.Generator().manual_seed(seed)
-    mu = math.log(mean) - sigma ** 2 / 2
+    mu = math.log(mean) - sigma**2 / 2
     draws = torch.empty(batch, dtype=torch.float64).log_normal_(mu, sigma, generator=g)
     return [int(min(max(round(x), min_len), max_len)) for x in draws.tolist()]
 
 
-def padding_lengths(batch: int, seq: int, padding: float, seed: int = 0) -> List[int]:
+def padding_lengths(batch: int, seq: int, padding: float, seed: int = 0) -> list[int]:
     """Lengths for a ``batch x seq`` padded batch whose padding fraction is ~``padding``.
 
     Row 0 is full (so the padded shape is exactly ``seq``); the others are drawn
@@ -87,10 +100,10 @@ def padding_lengths(batch: int, seq: int, padding: float, seed: int = 0) -> List
 # ---------------------------------------------------------------- batches
 @dataclass
 class Batch:
-    input_ids: torch.Tensor        # [B, S] int64
-    attention_mask: torch.Tensor   # [B, S] int64, 1 = real token
-    token_type_ids: torch.Tensor   # [B, S] int64
-    lengths: List[int]
+    input_ids: torch.Tensor  # [B, S] int64
+    attention_mask: torch.Tensor  # [B, S] int64, 1 = real token
+    token_type_ids: torch.Tensor  # [B, S] int64
+    lengths: list[int]
 
     @property
     def shape(self):
@@ -105,13 +118,18 @@ class Batch:
         B, S = self.shape
         return 1.0 - self.real_tokens / max(B * S, 1)
 
-    def to(self, device) -> "Batch":
-        return Batch(self.input_ids.to(device), self.attention_mask.to(device),
-                     self.token_type_ids.to(device), list(self.lengths))
+    def to(self, device) -> Batch:
+        return Batch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.token_type_ids.to(device),
+            list(self.lengths),
+        )
 
 
-def make_batch(lengths: Sequence[int], vocab_size: int, seq: Optional[int] = None,
-               seed: int = 0, device="cpu") -> Batch:
+def make_batch(
+    lengths: Sequence[int], vocab_size: int, seq: int | None = None, seed: int = 0, device="cpu"
+) -> Batch:
     """A right-padded batch: ``[CLS] random tokens [SEP]`` per row, zeros after."""
     lengths = [int(n) for n in lengths]
     S = int(seq or max(lengths))
@@ -129,15 +147,16 @@ def make_batch(lengths: Sequence[int], vocab_size: int, seq: Optional[int] = Non
     return Batch(ids, mask, tt, lengths).to(device)
 
 
-
-def parse_shape(text: str) -> Tuple[str, List[int]]:
+def parse_shape(text: str) -> tuple[str, list[int]]:
     """``BxS`` (full batch) or ``rBxMEANxMAX`` (ragged, log-normal lengths) ->
     (label, lengths); a ValueError saying what is expected otherwise."""
     ragged = text.startswith("r")
     parts = (text[1:] if ragged else text).split("x")
     if len(parts) != (3 if ragged else 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"--shapes: {text!r} is neither BxS nor rBxMEANxMAX with positive "
-                         f"integers (e.g. 8x128 or r32x64x128)")
+        raise ValueError(
+            f"--shapes: {text!r} is neither BxS nor rBxMEANxMAX with positive "
+            f"integers (e.g. 8x128 or r32x64x128)"
+        )
     if ragged:
         b, mean, mx = (int(v) for v in parts)
         if mean > mx:

@@ -10,10 +10,10 @@ inferred from version numbers, so a fixed interpreter is used as soon as it is t
   can be converted to Python scalars"). ``linear_gelu`` (the K loop) and the attention
   kernels (the key loop) need such loops; on a GPU they compile and run normally.
 """
+
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import torch
 import triton
@@ -23,13 +23,13 @@ import triton.language as tl
 @triton.jit
 def _runtime_loop_probe(out_ptr, n):
     acc = tl.zeros((1,), dtype=tl.int32)
-    for _ in range(0, n):
+    for _ in range(n):
         acc += 1
     tl.store(out_ptr + tl.arange(0, 1), acc)
 
 
-@functools.lru_cache(maxsize=None)
-def runtime_loop_limit() -> Optional[str]:
+@functools.cache
+def runtime_loop_limit() -> str | None:
     """Why this interpreter cannot run a loop with a runtime bound, or ``None``."""
     import numpy as np
 
@@ -38,10 +38,14 @@ def runtime_loop_limit() -> Optional[str]:
         _runtime_loop_probe[(1,)](out, 3)
     except Exception as exc:  # the interpreter's own failure, whatever its type
         cause = str(exc).splitlines()[0][:160]
-        return (f"the Triton {triton.__version__} interpreter cannot run loops with a runtime "
-                f"bound under NumPy {np.__version__} ({cause}); a GPU runs them. Use "
-                "NumPy < 2.3 with this triton, or a newer triton")
+        return (
+            f"the Triton {triton.__version__} interpreter cannot run loops with a runtime "
+            f"bound under NumPy {np.__version__} ({cause}); a GPU runs them. Use "
+            "NumPy < 2.3 with this triton, or a newer triton"
+        )
     if int(out[0]) != 3:
-        return (f"the Triton {triton.__version__} interpreter ran a 3-step runtime loop "
-                f"{int(out[0])} times")
+        return (
+            f"the Triton {triton.__version__} interpreter ran a 3-step runtime loop "
+            f"{int(out[0])} times"
+        )
     return None
