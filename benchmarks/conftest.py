@@ -16,12 +16,12 @@ Every end-to-end case is (model, workload, provider). They run model by model an
 within a workload, baselines first, so a bertfast row can store its speedup over each
 baseline measured in the same run (``extra_info["ratios"]``).
 """
+
 from __future__ import annotations
 
 import gc
 import os
 import sys
-from typing import Dict, List, Optional
 
 import pytest
 import torch
@@ -31,10 +31,11 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import workloads  # noqa: E402
+
 from bertfast.bench import PARITY_TOL, device_name, gemm_ceiling  # noqa: E402
 
 
-def _env(name: str) -> Optional[str]:
+def _env(name: str) -> str | None:
     v = os.environ.get(name, "").strip()
     return v or None
 
@@ -51,7 +52,7 @@ def pytest_addoption(parser):
     g.addoption("--bench-budget", type=float, default=None)
 
 
-def _csv(text: Optional[str]) -> Optional[List[str]]:
+def _csv(text: str | None) -> list[str] | None:
     if not text:
         return None
     return [t.strip() for t in text.split(",") if t.strip()]
@@ -60,22 +61,31 @@ def _csv(text: Optional[str]) -> Optional[List[str]]:
 class Settings:
     def __init__(self, config):
         opt = config.getoption
-        self.device = opt("--bench-device") or _env("BERTFAST_BENCH_DEVICE") or (
-            "cuda" if torch.cuda.is_available() else "cpu")
+        self.device = (
+            opt("--bench-device")
+            or _env("BERTFAST_BENCH_DEVICE")
+            or ("cuda" if torch.cuda.is_available() else "cpu")
+        )
         self.gpu = torch.device(self.device).type == "cuda"
         self.smoke = workloads.smoke()
-        self.profile = (opt("--bench-profile") or _env("BERTFAST_BENCH_PROFILE")
-                        or ("smoke" if self.smoke else ("full" if self.gpu else "quick")))
+        self.profile = (
+            opt("--bench-profile")
+            or _env("BERTFAST_BENCH_PROFILE")
+            or ("smoke" if self.smoke else ("full" if self.gpu else "quick"))
+        )
         if self.profile == "smoke":
             self.smoke = True
         dtype = opt("--bench-dtype") or _env("BERTFAST_BENCH_DTYPE")
-        self.dtype = getattr(torch, dtype) if dtype else (
-            torch.float16 if self.gpu else torch.float32)
+        self.dtype = (
+            getattr(torch, dtype) if dtype else (torch.float16 if self.gpu else torch.float32)
+        )
         self.threads = opt("--bench-threads") or int(_env("BERTFAST_BENCH_THREADS") or 2)
         budget = opt("--bench-budget")
         if budget is None and _env("BERTFAST_BENCH_BUDGET"):
             budget = float(_env("BERTFAST_BENCH_BUDGET"))
-        self.budget = 0.0 if (self.smoke and budget is None) else (3.0 if budget is None else budget)
+        self.budget = (
+            0.0 if (self.smoke and budget is None) else (3.0 if budget is None else budget)
+        )
         self.models = _csv(opt("--bench-models") or _env("BERTFAST_BENCH_MODELS"))
         self.kinds = _csv(opt("--bench-kinds") or _env("BERTFAST_BENCH_KINDS"))
         names = _csv(opt("--bench-providers") or _env("BERTFAST_BENCH_PROVIDERS"))
@@ -113,7 +123,7 @@ def _e2e_cases(config):
 
         for n in s.provider_names:
             if n not in known and n.startswith("bertfast-"):
-                known[n] = BertfastProvider(n[len("bertfast-"):])
+                known[n] = BertfastProvider(n[len("bertfast-") :])
         provs = [known[n] for n in s.provider_names if n in known]
     provs = sorted(provs, key=lambda p: 0 if p.is_baseline else 1)  # stable: baselines first
     cases = []
@@ -136,8 +146,8 @@ def pytest_generate_tests(metafunc):
 def pytest_collection_modifyitems(session, config, items):
     """Record, per (model, workload), the providers whose cases were selected: they are
     timed together, interleaved round by round (see ``Context.measure_workload``)."""
-    groups: Dict[tuple, list] = {}
-    kgroups: Dict[tuple, list] = {}
+    groups: dict[tuple, list] = {}
+    kgroups: dict[tuple, list] = {}
     for item in items:
         spec = getattr(item, "callspec", None)
         if spec is None:
@@ -158,21 +168,22 @@ class Context:
 
     def __init__(self, settings: Settings):
         self.s = settings
-        self._ceiling: Optional[float] = None
-        self.model: Optional[str] = None
-        self.runners: Dict[str, object] = {}
-        self.load_errors: Dict[str, str] = {}
-        self.refs: Dict[tuple, torch.Tensor] = {}
-        self.medians: Dict[tuple, Dict[str, float]] = {}
-        self.measured: Dict[tuple, dict] = {}
+        self._ceiling: float | None = None
+        self.model: str | None = None
+        self.runners: dict[str, object] = {}
+        self.load_errors: dict[str, str] = {}
+        self.refs: dict[tuple, torch.Tensor] = {}
+        self.medians: dict[tuple, dict[str, float]] = {}
+        self.measured: dict[tuple, dict] = {}
         self.device_name = device_name(settings.device)
 
     @property
     def ceiling(self) -> float:
         if self._ceiling is None:
             n = 256 if self.s.smoke else 2048
-            self._ceiling = gemm_ceiling(self.s.device, self.s.dtype, n=n,
-                                         budget_s=0.2 if self.s.smoke else 3.0)
+            self._ceiling = gemm_ceiling(
+                self.s.device, self.s.dtype, n=n, budget_s=0.2 if self.s.smoke else 3.0
+            )
         return self._ceiling
 
     def use_model(self, model: str):
@@ -194,7 +205,8 @@ class Context:
                 self.runners[provider.name] = provider.load(path, self.s.device, self.s.dtype)
             except Exception as exc:
                 self.load_errors[provider.name] = (
-                    f"{provider.name} failed to load: {type(exc).__name__}: {exc}"[:500])
+                    f"{provider.name} failed to load: {type(exc).__name__}: {exc}"[:500]
+                )
                 raise RuntimeError(self.load_errors[provider.name]) from None
         return self.runners[provider.name]
 
@@ -206,7 +218,8 @@ class Context:
                 self.runners[provider.name] = provider.load(path, self.s.device, self.s.dtype)
             except Exception as exc:  # a provider that cannot load skips with the reason
                 self.load_errors[provider.name] = (
-                    f"{provider.name} failed to load: {type(exc).__name__}: {exc}"[:500])
+                    f"{provider.name} failed to load: {type(exc).__name__}: {exc}"[:500]
+                )
                 pytest.skip(self.load_errors[provider.name])
         return self.runners[provider.name]
 
@@ -228,8 +241,9 @@ def record_rounds(benchmark, times) -> bool:
         return False
 
 
-def interleave(calls: Dict[str, object], one: Dict[str, float], budget_s: float,
-               smoke: bool) -> Dict[str, List[float]]:
+def interleave(
+    calls: dict[str, object], one: dict[str, float], budget_s: float, smoke: bool
+) -> dict[str, list[float]]:
     """Time ``calls`` (name -> synchronized call) round-robin: round r runs every call
     once in an order rotated by r, until ``budget_s x len(calls)`` seconds are spent
     (at least 5 rounds, 3 when one round takes over 3 s; 1 in smoke runs)."""
@@ -237,12 +251,15 @@ def interleave(calls: Dict[str, object], one: Dict[str, float], budget_s: float,
 
     from bertfast.bench import rounds_for
 
-    times: Dict[str, List[float]] = {n: [] for n in calls}
+    times: dict[str, list[float]] = {n: [] for n in calls}
     if not calls:
         return times
     per_round = sum(one.values())
-    rounds = 1 if smoke else rounds_for(per_round, budget_s * len(calls),
-                                        min_rounds=3 if per_round > 3.0 else 5)
+    rounds = (
+        1
+        if smoke
+        else rounds_for(per_round, budget_s * len(calls), min_rounds=3 if per_round > 3.0 else 5)
+    )
     order = list(calls)
     for r in range(rounds):
         k = r % len(order)

@@ -12,6 +12,7 @@ Only ratios inside one run mean anything on a shared machine. Usage::
 
     python benchmarks/pack_crossover.py [--hidden 384 --ffn 1536] [--threads 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,18 +28,11 @@ K_ = _C.cpu
 
 
 def _pack(w):
-    N, K = w.shape
-    nr = K_.linear_panel_width(True)
-    packed = torch.empty(((N + nr - 1) // nr) * nr * K)
-    K_.linear_pack(packed.data_ptr(), w.data_ptr(), N, K, True, torch.get_num_threads())
-    return packed
+    return K_.linear_pack(w, True)
 
 
 def _gemm(x, packed, b, N, K):
-    out = torch.empty(x.shape[0], N)
-    K_.linear_packed(out.data_ptr(), x.data_ptr(), packed.data_ptr(), b.data_ptr(), x.shape[0],
-                     N, K, -1, True, torch.get_num_threads())
-    return out
+    return K_.linear_packed(x, packed, b, N, None, True)
 
 
 def _time(fn, inner):
@@ -54,24 +48,32 @@ def main():
     ap.add_argument("--ffn", type=int, default=1536)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--stat", choices=["median", "min"], default="median",
-                    help="min: the least disturbed round (a loaded machine)")
+    ap.add_argument(
+        "--stat",
+        choices=["median", "min"],
+        default="median",
+        help="min: the least disturbed round (a loaded machine)",
+    )
     ap.add_argument("--rows", default="16,32,64,128,256,512,1024,4096")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     H, Fd = args.hidden, args.ffn
     shapes = {"qkv": (3 * H, H), "attn_out": (H, H), "ffn_in": (Fd, H), "ffn_out": (H, Fd)}
     print(f"threads={args.threads}  times in us per call, {args.stat} of {args.repeat} rounds")
-    print(f"{'layer':9s} {'M':>5s} {'prepacked':>10s} {'pack+gemm':>10s} {'F.linear':>10s} "
-          f"{'pack/prepacked':>15s} {'F.linear/pack+gemm':>19s}")
+    print(
+        f"{'layer':9s} {'M':>5s} {'prepacked':>10s} {'pack+gemm':>10s} {'F.linear':>10s} "
+        f"{'pack/prepacked':>15s} {'F.linear/pack+gemm':>19s}"
+    )
     for M in [int(m) for m in args.rows.split(",")]:
         for name, (N, K) in shapes.items():
             w, b, x = torch.randn(N, K), torch.randn(N), torch.randn(M, K)
             packed = _pack(w)
             inner = max(1, int(2e8 // (2 * M * N * K)))
-            fns = {"prepacked": lambda: _gemm(x, packed, b, N, K),
-                   "pack+gemm": lambda: _gemm(x, _pack(w), b, N, K),
-                   "F.linear": lambda: F.linear(x, w, b)}
+            fns = {
+                "prepacked": lambda x=x, packed=packed, b=b, N=N, K=K: _gemm(x, packed, b, N, K),
+                "pack+gemm": lambda x=x, w=w, b=b, N=N, K=K: _gemm(x, _pack(w), b, N, K),
+                "F.linear": lambda x=x, w=w, b=b: F.linear(x, w, b),
+            }
             for fn in fns.values():
                 fn()
             res = {k: [] for k in fns}
@@ -80,9 +82,11 @@ def main():
                     res[k].append(_time(fn, inner))
             pick = min if args.stat == "min" else statistics.median
             med = {k: pick(v) * 1e6 for k, v in res.items()}
-            print(f"{name:9s} {M:5d} {med['prepacked']:10.1f} {med['pack+gemm']:10.1f} "
-                  f"{med['F.linear']:10.1f} {med['pack+gemm'] / med['prepacked']:15.3f} "
-                  f"{med['F.linear'] / med['pack+gemm']:19.3f}")
+            print(
+                f"{name:9s} {M:5d} {med['prepacked']:10.1f} {med['pack+gemm']:10.1f} "
+                f"{med['F.linear']:10.1f} {med['pack+gemm'] / med['prepacked']:15.3f} "
+                f"{med['F.linear'] / med['pack+gemm']:19.3f}"
+            )
 
 
 if __name__ == "__main__":

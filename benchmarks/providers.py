@@ -20,19 +20,25 @@ Baselines (measured first on every workload, so bertfast rows can carry ratios):
 Then one ``bertfast-<backend>`` per backend that ``bertfast.backends()`` reports usable
 on the device (never the Triton interpreter on CPU).
 """
+
 from __future__ import annotations
 
 import hashlib
 import os
 import time
 import warnings
-from typing import Dict, List
 
 import torch
-
-from bertfast.bench import (Batch, BertfastProvider, Provider, TransformersProvider,
-                            bertfast_backends, make_batch)
 from workloads import CACHE
+
+from bertfast.bench import (
+    Batch,
+    BertfastProvider,
+    Provider,
+    TransformersProvider,
+    bertfast_backends,
+    make_batch,
+)
 
 __all__ = ["providers", "CompileProvider", "OnnxRuntimeProvider", "BASELINES"]
 
@@ -57,8 +63,11 @@ class CompileProvider(TransformersProvider):
 
         @torch.inference_mode()
         def run(batch: Batch):
-            return compiled(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                            token_type_ids=batch.token_type_ids).last_hidden_state
+            return compiled(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                token_type_ids=batch.token_type_ids,
+            ).last_hidden_state
 
         # Compile now (static, then dynamic shapes after the second shape), so a
         # compiler failure is a load failure and compile time stays out of timings.
@@ -95,7 +104,7 @@ class OnnxRuntimeProvider(Provider):
         return None
 
     # -- export + optimize (cached on disk per checkpoint, device type and dtype)
-    def _onnx_file(self, model_path: str, device: str, dtype: torch.dtype) -> Dict[str, object]:
+    def _onnx_file(self, model_path: str, device: str, dtype: torch.dtype) -> dict[str, object]:
         import json
 
         from onnxruntime.transformers.optimizer import optimize_model
@@ -113,8 +122,9 @@ class OnnxRuntimeProvider(Provider):
         with open(os.path.join(model_path, "config.json")) as f:
             cfg = json.load(f)
 
-        model = AutoModel.from_pretrained(model_path, attn_implementation="eager",
-                                          dtype=torch.float32).eval()
+        model = AutoModel.from_pretrained(
+            model_path, attn_implementation="eager", dtype=torch.float32
+        ).eval()
 
         class Encoder(torch.nn.Module):
             def __init__(self, m):
@@ -122,8 +132,11 @@ class OnnxRuntimeProvider(Provider):
                 self.m = m
 
             def forward(self, input_ids, attention_mask, token_type_ids):
-                return self.m(input_ids=input_ids, attention_mask=attention_mask,
-                              token_type_ids=token_type_ids).last_hidden_state
+                return self.m(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    token_type_ids=token_type_ids,
+                ).last_hidden_state
 
         # Trace with real padding so the mask path is in the graph (an all-ones mask
         # can be dropped by transformers at trace time and baked out).
@@ -136,12 +149,22 @@ class OnnxRuntimeProvider(Provider):
             torch.onnx.export(
                 Encoder(model).eval(),
                 (example.input_ids, example.attention_mask, example.token_type_ids),
-                raw, input_names=names, output_names=["last_hidden_state"],
+                raw,
+                input_names=names,
+                output_names=["last_hidden_state"],
                 dynamic_axes={n: {0: "batch", 1: "seq"} for n in names + ["last_hidden_state"]},
-                opset_version=17, dynamo=False)
+                opset_version=17,
+                dynamo=False,
+            )
         export_s = time.perf_counter() - t0
-        opt = optimize_model(raw, model_type="bert", num_heads=int(cfg["num_attention_heads"]),
-                             hidden_size=int(cfg["hidden_size"]), opt_level=0, use_gpu=gpu)
+        opt = optimize_model(
+            raw,
+            model_type="bert",
+            num_heads=int(cfg["num_attention_heads"]),
+            hidden_size=int(cfg["hidden_size"]),
+            opt_level=0,
+            use_gpu=gpu,
+        )
         if dtype != torch.float32:
             opt.convert_float_to_float16(keep_io_types=False)
         opt.save_model_to_file(final)
@@ -158,7 +181,9 @@ class OnnxRuntimeProvider(Provider):
         try:
             meta = self._onnx_file(model_path, device, dtype)
         except Exception as exc:
-            raise RuntimeError(f"ONNX export / optimization failed: {type(exc).__name__}: {exc}")
+            raise RuntimeError(
+                f"ONNX export / optimization failed: {type(exc).__name__}: {exc}"
+            ) from exc
         gpu = torch.device(device).type == "cuda"
         so = ort.SessionOptions()
         so.intra_op_num_threads = torch.get_num_threads()
@@ -174,10 +199,13 @@ class OnnxRuntimeProvider(Provider):
         info = {"fusions": meta.get("fusions"), "intra_op_threads": so.intra_op_num_threads}
 
         if not gpu:
+
             def run(batch: Batch):
-                feeds = {"input_ids": batch.input_ids.numpy(),
-                         "attention_mask": batch.attention_mask.numpy(),
-                         "token_type_ids": batch.token_type_ids.numpy()}
+                feeds = {
+                    "input_ids": batch.input_ids.numpy(),
+                    "attention_mask": batch.attention_mask.numpy(),
+                    "token_type_ids": batch.token_type_ids.numpy(),
+                }
                 feeds = {k: v for k, v in feeds.items() if k in in_names}
                 return torch.from_numpy(session.run(None, feeds)[0])
         else:  # IO binding on device memory: no host copies inside the timed call
@@ -190,13 +218,23 @@ class OnnxRuntimeProvider(Provider):
                     if name not in in_names:
                         continue
                     t = getattr(batch, name).contiguous()
-                    binding.bind_input(name, "cuda", t.device.index or 0, np.int64,
-                                       tuple(t.shape), t.data_ptr())
+                    binding.bind_input(
+                        name, "cuda", t.device.index or 0, np.int64, tuple(t.shape), t.data_ptr()
+                    )
                 B, S = batch.shape
-                out = torch.empty((B, S, hidden), device=device,
-                                  dtype=torch.float32 if np_out is np.float32 else torch.float16)
-                binding.bind_output("last_hidden_state", "cuda", out.device.index or 0, np_out,
-                                    tuple(out.shape), out.data_ptr())
+                out = torch.empty(
+                    (B, S, hidden),
+                    device=device,
+                    dtype=torch.float32 if np_out is np.float32 else torch.float16,
+                )
+                binding.bind_output(
+                    "last_hidden_state",
+                    "cuda",
+                    out.device.index or 0,
+                    np_out,
+                    tuple(out.shape),
+                    out.data_ptr(),
+                )
                 session.run_with_iobinding(binding)
                 return out
 
@@ -208,9 +246,9 @@ class OnnxRuntimeProvider(Provider):
 BASELINES = ("transformers-eager", "transformers-sdpa", "torch-compile", "onnxruntime")
 
 
-def providers(device: str = "cpu") -> List[Provider]:
+def providers(device: str = "cpu") -> list[Provider]:
     """Every provider for ``device``: the baselines, then bertfast per usable backend."""
-    out: List[Provider] = [
+    out: list[Provider] = [
         TransformersProvider("eager"),
         TransformersProvider("sdpa"),
         CompileProvider(),
@@ -223,5 +261,5 @@ def providers(device: str = "cpu") -> List[Provider]:
     return out
 
 
-def by_name(device: str = "cpu") -> Dict[str, Provider]:
+def by_name(device: str = "cpu") -> dict[str, Provider]:
     return {p.name: p for p in providers(device)}

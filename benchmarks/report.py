@@ -11,6 +11,7 @@ never asserted.
 Ratios are recomputed here from the medians in the same JSON file (same run, same
 inputs): ``x B`` = median of baseline ``B`` / median of the row (> 1: faster than B).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,15 +19,19 @@ import json
 import os
 import sys
 from collections import OrderedDict
-from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASELINES = ("transformers-eager", "transformers-sdpa", "torch-compile", "onnxruntime")
-SHORT = {"transformers-eager": "eager", "transformers-sdpa": "sdpa",
-         "torch-compile": "compile", "onnxruntime": "ORT", "pytorch": "pytorch"}
+SHORT = {
+    "transformers-eager": "eager",
+    "transformers-sdpa": "sdpa",
+    "torch-compile": "compile",
+    "onnxruntime": "ORT",
+    "pytorch": "pytorch",
+}
 
 
-def load(paths: List[str]):
+def load(paths: list[str]):
     rows, machine = [], {}
     for p in paths:
         with open(p) as f:
@@ -43,22 +48,22 @@ def load(paths: List[str]):
     return rows, machine
 
 
-def _ms(s: Optional[float]) -> str:
+def _ms(s: float | None) -> str:
     return "-" if s is None else (f"{s * 1e3:.3f}" if s < 0.01 else f"{s * 1e3:.2f}")
 
 
-def _num(v: Optional[float], fmt: str = "{:.1f}") -> str:
+def _num(v: float | None, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def _mb(v: Optional[int]) -> str:
-    return "-" if v is None else f"{v / 2 ** 20:.0f}"
+def _mb(v: int | None) -> str:
+    return "-" if v is None else f"{v / 2**20:.0f}"
 
 
 # ---------------------------------------------------------------- end to end
 def e2e_groups(rows):
     """OrderedDict (model, workload) -> {provider: row}."""
-    groups: Dict[tuple, Dict[str, dict]] = OrderedDict()
+    groups: dict[tuple, dict[str, dict]] = OrderedDict()
     for r in rows:
         if r.get("suite") == "e2e":
             groups.setdefault((r["model"], r["workload"]), OrderedDict())[r["provider"]] = r
@@ -71,18 +76,31 @@ def e2e_table(rows) -> str:
         return ""
     present = [b for b in BASELINES if any(b in g for g in groups.values())]
     gpu = any(r.get("ceiling_share") is None for g in groups.values() for r in g.values())
-    head = (["model", "workload", "provider", "median ms", "IQR ms", "seq/s", "tok/s",
-             "GFLOP/s"] + ([] if gpu else ["% GEMM"]) + [f"x {SHORT[b]}" for b in present]
-            + ["parity (max err)", "peak MB"])
+    head = (
+        ["model", "workload", "provider", "median ms", "IQR ms", "seq/s", "tok/s", "GFLOP/s"]
+        + ([] if gpu else ["% GEMM"])
+        + [f"x {SHORT[b]}" for b in present]
+        + ["parity (max err)", "peak MB"]
+    )
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (model, wl), provs in groups.items():
         for name, r in provs.items():
             med = r["median_s"]
-            cells = [model, wl + (f" ({r['padding_fraction'] * 100:.0f}% pad)"
-                                  if r.get("padding_fraction") else ""),
-                     f"**{name}**" if r.get("is_bertfast") else name,
-                     _ms(med), _ms(r.get("iqr_s")), _num(r.get("seq_per_s")),
-                     _num(r.get("tok_per_s"), "{:.0f}"), _num(r.get("gflops"))]
+            cells = [
+                model,
+                wl
+                + (
+                    f" ({r['padding_fraction'] * 100:.0f}% pad)"
+                    if r.get("padding_fraction")
+                    else ""
+                ),
+                f"**{name}**" if r.get("is_bertfast") else name,
+                _ms(med),
+                _ms(r.get("iqr_s")),
+                _num(r.get("seq_per_s")),
+                _num(r.get("tok_per_s"), "{:.0f}"),
+                _num(r.get("gflops")),
+            ]
             if not gpu:
                 cs = r.get("ceiling_share")
                 cells.append("-" if cs is None else f"{cs * 100:.0f}%")
@@ -99,13 +117,13 @@ def e2e_table(rows) -> str:
     return "\n".join(out)
 
 
-def best_bertfast(provs: Dict[str, dict]) -> Optional[dict]:
+def best_bertfast(provs: dict[str, dict]) -> dict | None:
     cands = [r for n, r in provs.items() if r.get("is_bertfast") and r.get("parity_ok", True)]
     return min(cands, key=lambda r: r["median_s"]) if cands else None
 
 
 # ---------------------------------------------------------------- targets
-def _status(values: List[bool]) -> str:
+def _status(values: list[bool]) -> str:
     if not values:
         return "not measured"
     return "met" if all(values) else "not met"
@@ -134,8 +152,10 @@ def targets(rows) -> str:
         return ok, evid
 
     if not on_gpu:
-        lines.append("CPU fp32 (threads as recorded); best bertfast provider with correct "
-                     "output per workload.")
+        lines.append(
+            "CPU fp32 (threads as recorded); best bertfast provider with correct "
+            "output per workload."
+        )
         lines.append("")
         lines.append("| target | model | status | evidence |")
         lines.append("|---|---|---|---|")
@@ -143,18 +163,31 @@ def targets(rows) -> str:
             if model not in ("minilm", "bert-base"):
                 continue
             # Full batches: the grid, and padding-sweep batches with no padding.
-            ok, ev = ratio_vs(model, lambda r: r.get("kind") == "grid" or (
-                r.get("kind") == "padding" and not r.get("padding_fraction")),
-                "onnxruntime", 1.0)
-            lines.append(f"| best bertfast >= 1.0x ORT, full batches | {model} | {_status(ok)} | "
-                         f"{'; '.join(ev) or '-'} |")
-            ok, ev = ratio_vs(model, lambda r: r.get("workload") == "1x32",
-                              "transformers-eager", 1.5)
-            lines.append(f"| >= 1.5x transformers eager at 1x32 | {model} | {_status(ok)} | "
-                         f"{'; '.join(ev) or '-'} |")
+            ok, ev = ratio_vs(
+                model,
+                lambda r: (
+                    r.get("kind") == "grid"
+                    or (r.get("kind") == "padding" and not r.get("padding_fraction"))
+                ),
+                "onnxruntime",
+                1.0,
+            )
+            lines.append(
+                f"| best bertfast >= 1.0x ORT, full batches | {model} | {_status(ok)} | "
+                f"{'; '.join(ev) or '-'} |"
+            )
+            ok, ev = ratio_vs(
+                model, lambda r: r.get("workload") == "1x32", "transformers-eager", 1.5
+            )
+            lines.append(
+                f"| >= 1.5x transformers eager at 1x32 | {model} | {_status(ok)} | "
+                f"{'; '.join(ev) or '-'} |"
+            )
             ok, ev = ratio_vs(model, lambda r: r.get("kind") == "ragged", "onnxruntime", 1.8)
-            lines.append(f"| >= 1.8x ORT on ragged batches | {model} | {_status(ok)} | "
-                         f"{'; '.join(ev) or '-'} |")
+            lines.append(
+                f"| >= 1.8x ORT on ragged batches | {model} | {_status(ok)} | "
+                f"{'; '.join(ev) or '-'} |"
+            )
             ok, ev = [], []
             for (m, wl), provs in groups.items():
                 first = next(iter(provs.values()))
@@ -165,8 +198,10 @@ def targets(rows) -> str:
                     continue
                 ok.append(bf["ceiling_share"] >= 0.85)
                 ev.append(f"{wl} {bf['ceiling_share'] * 100:.0f}%")
-            lines.append(f"| >= 85% of GEMM ceiling at batch >= 8 | {model} | {_status(ok)} | "
-                         f"{'; '.join(ev) or '-'} |")
+            lines.append(
+                f"| >= 85% of GEMM ceiling at batch >= 8 | {model} | {_status(ok)} | "
+                f"{'; '.join(ev) or '-'} |"
+            )
     else:
         lines.append("GPU, BERT-base (fp16 expected); best bertfast provider with correct output.")
         lines.append("")
@@ -177,27 +212,41 @@ def targets(rows) -> str:
             provs = groups.get(("bert-base", wl))
             return (provs, best_bertfast(provs)) if provs else (None, None)
 
-        for wl, limit in (("32x128", 1.3e-3), ("1x128", 0.2e-3),
-                          ("ragged32-mean64-max128", 0.8e-3)):
+        for wl, limit in (
+            ("32x128", 1.3e-3),
+            ("1x128", 0.2e-3),
+            ("ragged32-mean64-max128", 0.8e-3),
+        ):
             provs, bf = wl_time(wl)
             st = "not measured" if bf is None else ("met" if bf["median_s"] <= limit else "not met")
-            ev = "-" if bf is None else f"{bf['median_s'] * 1e3:.3f} ms ({bf['provider']}, {bf['dtype']})"
+            ev = (
+                "-"
+                if bf is None
+                else f"{bf['median_s'] * 1e3:.3f} ms ({bf['provider']}, {bf['dtype']})"
+            )
             lines.append(f"| {wl} <= {limit * 1e3:.1f} ms | {st} | {ev} |")
         provs, bf = wl_time("32x128")
         if bf is not None and "transformers-sdpa" in provs:
             r = provs["transformers-sdpa"]["median_s"] / bf["median_s"]
-            lines.append(f"| >= 2x transformers SDPA at 32x128 | {'met' if r >= 2 else 'not met'} | "
-                         f"{r:.2f}x |")
+            lines.append(
+                f"| >= 2x transformers SDPA at 32x128 | {'met' if r >= 2 else 'not met'} | "
+                f"{r:.2f}x |"
+            )
         else:
             lines.append("| >= 2x transformers SDPA at 32x128 | not measured | - |")
     loads = [r["load_avg_1min"] for r in rows if r.get("load_avg_1min") is not None]
     thr = max((r.get("threads") or 0) for r in rows) if rows else 0
     if loads and thr and max(loads) > 1.5 * thr:
-        lines += ["", f"Caveat: the 1-minute load average reached {max(loads):.1f} while the "
-                  f"providers ran on {thr} threads: the machine was shared, so absolute times "
-                  "and shares of the ceiling are depressed and the verdicts are provisional; "
-                  "rerun on a quiet machine to confirm."]
-    wrong = sorted({r["name"] for r in rows if r.get("is_bertfast") and not r.get("parity_ok", True)})
+        lines += [
+            "",
+            f"Caveat: the 1-minute load average reached {max(loads):.1f} while the "
+            f"providers ran on {thr} threads: the machine was shared, so absolute times "
+            "and shares of the ceiling are depressed and the verdicts are provisional; "
+            "rerun on a quiet machine to confirm.",
+        ]
+    wrong = sorted(
+        {r["name"] for r in rows if r.get("is_bertfast") and not r.get("parity_ok", True)}
+    )
     if wrong:
         lines += ["", f"**Parity failures (excluded from targets):** {', '.join(wrong)}"]
     return "\n".join(lines)
@@ -208,23 +257,40 @@ def kernel_table(rows) -> str:
     ks = [r for r in rows if r.get("suite") == "kernels"]
     if not ks:
         return ""
-    head = ["op", "tokens x hidden", "impl", "median ms", "IQR ms", "GB/s or GFLOP/s",
-            "x pytorch", "parity (max err)"]
+    head = [
+        "op",
+        "tokens x hidden",
+        "impl",
+        "median ms",
+        "IQR ms",
+        "GB/s or GFLOP/s",
+        "x pytorch",
+        "parity (max err)",
+    ]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    base = {(r["op"], r["tokens"], r["hidden"]): r["median_s"] for r in ks
-            if r["provider"] == "pytorch"}
+    base = {
+        (r["op"], r["tokens"], r["hidden"]): r["median_s"] for r in ks if r["provider"] == "pytorch"
+    }
     for r in ks:
         key = (r["op"], r["tokens"], r["hidden"])
         rate = r.get("gbps") if r.get("unit") == "GB" else r.get("gflops")
         unit = "GB/s" if r.get("unit") == "GB" else "GFLOP/s"
-        ratio = "-" if r["provider"] == "pytorch" or key not in base else \
-            f"{base[key] / r['median_s']:.2f}"
-        cells = [r["op"], f"{r['tokens']}x{r['hidden']}",
-                 f"**{r['provider']}**" if r.get("is_bertfast") else r["provider"],
-                 _ms(r["median_s"]), _ms(r.get("iqr_s")),
-                 "-" if rate is None else f"{rate:.1f} {unit}", ratio,
-                 ("ok" if r.get("parity_ok", True) else "**WRONG**")
-                 + f" ({r.get('parity_max_abs_err', 0):.0e})"]
+        ratio = (
+            "-"
+            if r["provider"] == "pytorch" or key not in base
+            else f"{base[key] / r['median_s']:.2f}"
+        )
+        cells = [
+            r["op"],
+            f"{r['tokens']}x{r['hidden']}",
+            f"**{r['provider']}**" if r.get("is_bertfast") else r["provider"],
+            _ms(r["median_s"]),
+            _ms(r.get("iqr_s")),
+            "-" if rate is None else f"{rate:.1f} {unit}",
+            ratio,
+            ("ok" if r.get("parity_ok", True) else "**WRONG**")
+            + f" ({r.get('parity_max_abs_err', 0):.0e})",
+        ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -243,8 +309,9 @@ def plot_e2e(rows, path: str) -> bool:
     fig, axes = plt.subplots(len(models), 1, figsize=(12, 4.2 * len(models)), squeeze=False)
     for ax, model in zip(axes[:, 0], models):
         wls = [wl for (m, wl) in groups if m == model]
-        provs = list(OrderedDict.fromkeys(p for (m, _), g in groups.items() if m == model
-                                          for p in g))
+        provs = list(
+            OrderedDict.fromkeys(p for (m, _), g in groups.items() if m == model for p in g)
+        )
         width = 0.8 / max(len(provs), 1)
         for i, p in enumerate(provs):
             ys = [groups[(model, wl)].get(p, {}).get("tok_per_s") or 0 for wl in wls]
@@ -283,18 +350,26 @@ def plot_kernels(rows, path: str) -> bool:
         hiddens = sorted({r["hidden"] for r in rs})
         for impl in OrderedDict.fromkeys(r["provider"] for r in rs):
             for k, h in enumerate(hiddens):
-                pts = sorted((r["tokens"], r.get("gbps") or r.get("gflops") or 0)
-                             for r in rs if r["provider"] == impl and r["hidden"] == h)
+                pts = sorted(
+                    (r["tokens"], r.get("gbps") or r.get("gflops") or 0)
+                    for r in rs
+                    if r["provider"] == impl and r["hidden"] == h
+                )
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], styles[k % 4], marker="o",
-                            label=f"{impl} H={h}")
+                    ax.plot(
+                        [p[0] for p in pts],
+                        [p[1] for p in pts],
+                        styles[k % 4],
+                        marker="o",
+                        label=f"{impl} H={h}",
+                    )
         ax.set_xscale("log", base=2)
         ax.set_title(op)
         ax.set_xlabel("tokens")
         ax.set_ylabel("GB/s" if rs[0].get("unit") == "GB" else "GFLOP/s")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(opsl):]:
+    for ax in list(axes.flat)[len(opsl) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -314,33 +389,52 @@ def build(rows, machine) -> str:
         ceil = max(ceils) if ceils else None
         probes = [r["probe_gflops"] for r in e2e if r.get("probe_gflops")]
         thr = e2e[0].get("threads")
-        parts.append(f"- dtype {e2e[0].get('dtype')}" + (f", {thr} threads" if thr else "")
-                     + (f"; GEMM ceiling (best 2048^3 GEMM, timed inside each workload's "
-                        f"rounds): {min(ceils):.0f}..{ceil:.0f} GFLOP/s; `% GEMM` uses the "
-                        "ceiling of the row's own workload" if ceil else ""))
+        parts.append(
+            f"- dtype {e2e[0].get('dtype')}"
+            + (f", {thr} threads" if thr else "")
+            + (
+                f"; GEMM ceiling (best 2048^3 GEMM, timed inside each workload's "
+                f"rounds): {min(ceils):.0f}..{ceil:.0f} GFLOP/s; `% GEMM` uses the "
+                "ceiling of the row's own workload"
+                if ceil
+                else ""
+            )
+        )
         by_impl = {}
         for r in e2e:
             for k, v in (r.get("gemm_gflops_by_impl") or {}).items():
                 by_impl.setdefault(k, []).append(v)
         if by_impl:
-            parts.append("- 2048^3 GEMM per implementation (median over workloads): " + ", ".join(
-                f"{k} {sorted(v)[len(v) // 2]:.0f} GFLOP/s" for k, v in by_impl.items())
-                + "; the ceiling is the best of them")
+            parts.append(
+                "- 2048^3 GEMM per implementation (median over workloads): "
+                + ", ".join(f"{k} {sorted(v)[len(v) // 2]:.0f} GFLOP/s" for k, v in by_impl.items())
+                + "; the ceiling is the best of them"
+            )
         loads = [r["load_avg_1min"] for r in e2e if r.get("load_avg_1min") is not None]
         if loads:
-            parts.append(f"- 1-minute load average during the run: {min(loads):.1f}..{max(loads):.1f}"
-                         " (other jobs shared the machine; timings are interleaved across "
-                         "providers so ratios see the same load)")
+            parts.append(
+                f"- 1-minute load average during the run: {min(loads):.1f}..{max(loads):.1f}"
+                " (other jobs shared the machine; timings are interleaved across "
+                "providers so ratios see the same load)"
+            )
         if probes:
-            parts.append(f"- machine noise: a 512^3 GEMM probe before each case ranged "
-                         f"{min(probes):.0f}..{max(probes):.0f} GFLOP/s")
-        parts.append("- GFLOP/s = useful FLOPs (real tokens only: 2 x tokens x GEMM weights "
-                     "+ 4 x L^2 x H attention, per layer) / median time; padded providers get no "
-                     "credit for padding, so GFLOP/s ratios equal speed ratios")
-        parts.append("- `x B` = median of baseline B / median of the row, same run, same inputs; "
-                     "parity = max |out - transformers eager fp32| on real tokens")
-        parts.append("- peak MB = resident-set growth over one call (CPU) or CUDA allocator "
-                     "peak growth (GPU)")
+            parts.append(
+                f"- machine noise: a 512^3 GEMM probe before each case ranged "
+                f"{min(probes):.0f}..{max(probes):.0f} GFLOP/s"
+            )
+        parts.append(
+            "- GFLOP/s = useful FLOPs (real tokens only: 2 x tokens x GEMM weights "
+            "+ 4 x L^2 x H attention, per layer) / median time; padded providers get no "
+            "credit for padding, so GFLOP/s ratios equal speed ratios"
+        )
+        parts.append(
+            "- `x B` = median of baseline B / median of the row, same run, same inputs; "
+            "parity = max |out - transformers eager fp32| on real tokens"
+        )
+        parts.append(
+            "- peak MB = resident-set growth over one call (CPU) or CUDA allocator "
+            "peak growth (GPU)"
+        )
         if machine.get("cpu", {}).get("brand_raw"):
             parts.append(f"- CPU: {machine['cpu']['brand_raw']}")
         parts.append("")
@@ -362,8 +456,9 @@ def build(rows, machine) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("json", nargs="+", help="pytest-benchmark --benchmark-json files")
-    p.add_argument("--out", default=None,
-                   help="output folder (default benchmarks/results/<device>/)")
+    p.add_argument(
+        "--out", default=None, help="output folder (default benchmarks/results/<device>/)"
+    )
     args = p.parse_args(argv)
     rows, machine = load(args.json)
     if not rows:

@@ -31,6 +31,7 @@ Per case ``extra_info`` holds:
 
 Nothing here asserts a speed: targets are tracked by ``report.py``.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,11 +40,18 @@ import time
 
 import pytest
 import torch
-
 import workloads
+
 from bertfast import ops as bf_ops
-from bertfast.bench import (TransformersProvider, bertfast_backends, encoder_flops, gemm_ceiling,
-                            parity_error, peak_memory, synchronize)
+from bertfast.bench import (
+    TransformersProvider,
+    bertfast_backends,
+    encoder_flops,
+    gemm_ceiling,
+    parity_error,
+    peak_memory,
+    synchronize,
+)
 
 REFERENCE = "transformers-eager"
 GEMM = "__gemm_ceiling__"
@@ -85,6 +93,7 @@ def measure_workload(bench, timing, model, w, provs) -> dict:
             r = run(batch)
             synchronize(s.device)
             return r
+
         return call
 
     calls = {n: caller(r) for n, r in runs.items()}
@@ -94,7 +103,7 @@ def measure_workload(bench, timing, model, w, provs) -> dict:
         try:
             errs[n] = parity_error(call(), ref, batch.attention_mask)  # warm call 1
             t0 = time.perf_counter()
-            call()                                                       # warm call 2
+            call()  # warm call 2
             one[n] = time.perf_counter() - t0
         except Exception as exc:  # a provider that cannot run this input skips
             skips[n] = f"{n} failed on {w.id}: {type(exc).__name__}: {exc}"[:500]
@@ -113,8 +122,10 @@ def measure_workload(bench, timing, model, w, provs) -> dict:
     # bertfast's own GEMM (the cpu backend packs weights and runs an AVX-512 kernel that
     # outruns torch's sgemm on some CPUs): the machine's ceiling is the best of them.
     for b in bertfast_backends(s.device):
-        gemms[GEMM + "bertfast.ops.linear[" + b + "]"] = (lambda b=b: (bf_ops.linear(ga, gb, None, backend=b),
-                                        synchronize(s.device)))
+        gemms[GEMM + "bertfast.ops.linear[" + b + "]"] = lambda b=b: (
+            bf_ops.linear(ga, gb, None, backend=b),
+            synchronize(s.device),
+        )
     if calls:
         for name, g in gemms.items():
             try:
@@ -126,11 +137,22 @@ def measure_workload(bench, timing, model, w, provs) -> dict:
             except Exception:  # that backend has no linear for this input: no entry
                 pass
     times = timing.interleave(calls, one, s.budget, s.smoke)
-    gemm_rates = {name[len(GEMM):]: 2 * n_gemm ** 3 / statistics.median(times.pop(name)) / 1e9
-                  for name in list(times) if name.startswith(GEMM)}
+    gemm_rates = {
+        name[len(GEMM) :]: 2 * n_gemm**3 / statistics.median(times.pop(name)) / 1e9
+        for name in list(times)
+        if name.startswith(GEMM)
+    }
     ceiling_rounds = max(gemm_rates.values()) if gemm_rates else None
-    result = {"times": times, "errs": errs, "peaks": peaks, "skips": skips,
-              "ceiling_rounds": ceiling_rounds, "gemm_rates": gemm_rates, "probe": probe, "load_avg": load_avg}
+    result = {
+        "times": times,
+        "errs": errs,
+        "peaks": peaks,
+        "skips": skips,
+        "ceiling_rounds": ceiling_rounds,
+        "gemm_rates": gemm_rates,
+        "probe": probe,
+        "load_avg": load_avg,
+    }
     bench.measured[key] = result
     return result
 
@@ -153,8 +175,12 @@ def test_e2e(benchmark, bench, timing, e2e_case):
     if not timing.record(benchmark, times):  # fallback: time this provider on its own
         run = bench.runners[provider.name]
         batch = w.make(int(workloads.model_config(model)["vocab_size"]), s.device)
-        benchmark.pedantic(lambda: (run(batch), synchronize(s.device)),
-                           rounds=max(len(times), 1), iterations=1, warmup_rounds=1)
+        benchmark.pedantic(
+            lambda: (run(batch), synchronize(s.device)),
+            rounds=max(len(times), 1),
+            iterations=1,
+            warmup_rounds=1,
+        )
 
     dims = workloads.model_dims(model)
     useful = encoder_flops(dims, w.lengths)
@@ -162,24 +188,40 @@ def test_e2e(benchmark, bench, timing, e2e_case):
     err = res["errs"][provider.name]
     run = bench.runners[provider.name]
     info = benchmark.extra_info
-    info.update({
-        "suite": "e2e", "model": model, "weights": workloads.weights(model),
-        "workload": w.id, "kind": w.kind,
-        "provider": provider.name, "is_bertfast": provider.is_bertfast,
-        "is_baseline": provider.is_baseline, "timing": "interleaved",
-        "device": bench.device_name, "dtype": str(s.dtype).replace("torch.", ""),
-        "threads": torch.get_num_threads() if not s.gpu else None,
-        "batch": w.batch, "seq": w.seq, "real_tokens": w.real_tokens,
-        "padding_fraction": round(w.padding_fraction, 4), "lengths_note": w.note,
-        "flops_useful": useful, "flops_padded": padded,
-        "ceiling_gflops": round(res["ceiling_rounds"] or bench.ceiling, 2),
-        "ceiling_gflops_session_start": round(bench.ceiling, 2),
-        "gemm_gflops_by_impl": {k: round(v, 1) for k, v in res["gemm_rates"].items()}, "probe_gflops": round(res["probe"], 2),
-        "load_avg_1min": res["load_avg"],
-        "parity_max_abs_err": err, "parity_ok": bool(err <= s.tol), "parity_tol": s.tol,
-        "parity_ref": f"{REFERENCE} fp32", "peak_mem_bytes": res["peaks"].get(provider.name),
-        "provider_info": getattr(run, "info", None),
-    })
+    info.update(
+        {
+            "suite": "e2e",
+            "model": model,
+            "weights": workloads.weights(model),
+            "workload": w.id,
+            "kind": w.kind,
+            "provider": provider.name,
+            "is_bertfast": provider.is_bertfast,
+            "is_baseline": provider.is_baseline,
+            "timing": "interleaved",
+            "device": bench.device_name,
+            "dtype": str(s.dtype).replace("torch.", ""),
+            "threads": torch.get_num_threads() if not s.gpu else None,
+            "batch": w.batch,
+            "seq": w.seq,
+            "real_tokens": w.real_tokens,
+            "padding_fraction": round(w.padding_fraction, 4),
+            "lengths_note": w.note,
+            "flops_useful": useful,
+            "flops_padded": padded,
+            "ceiling_gflops": round(res["ceiling_rounds"] or bench.ceiling, 2),
+            "ceiling_gflops_session_start": round(bench.ceiling, 2),
+            "gemm_gflops_by_impl": {k: round(v, 1) for k, v in res["gemm_rates"].items()},
+            "probe_gflops": round(res["probe"], 2),
+            "load_avg_1min": res["load_avg"],
+            "parity_max_abs_err": err,
+            "parity_ok": bool(err <= s.tol),
+            "parity_tol": s.tol,
+            "parity_ref": f"{REFERENCE} fp32",
+            "peak_mem_bytes": res["peaks"].get(provider.name),
+            "provider_info": getattr(run, "info", None),
+        }
+    )
     stats = getattr(benchmark, "stats", None)
     if stats is None:  # --benchmark-disable
         return
@@ -187,16 +229,27 @@ def test_e2e(benchmark, bench, timing, e2e_case):
     med = st.median
     gflops = useful / med / 1e9
     medians = {n: statistics.median(t) for n, t in res["times"].items() if t}
-    ratios = {b: m / med for b, m in medians.items()
-              if b != provider.name and not b.startswith("bertfast-")}
-    info.update({
-        "median_s": med, "iqr_s": st.iqr, "rounds": st.rounds,
-        "seq_per_s": w.batch / med, "tok_per_s": w.real_tokens / med,
-        "gflops": gflops, "ceiling_share": gflops / info["ceiling_gflops"] if not s.gpu else None,
-        "ratios": ratios,
-    })
-    line = (f"\n  {provider.name:20s} {model} {w.id}: {med * 1e3:9.2f} ms (IQR {st.iqr * 1e3:.2f})"
-            f"  {gflops:7.1f} GFLOP/s")
+    ratios = {
+        b: m / med
+        for b, m in medians.items()
+        if b != provider.name and not b.startswith("bertfast-")
+    }
+    info.update(
+        {
+            "median_s": med,
+            "iqr_s": st.iqr,
+            "rounds": st.rounds,
+            "seq_per_s": w.batch / med,
+            "tok_per_s": w.real_tokens / med,
+            "gflops": gflops,
+            "ceiling_share": gflops / info["ceiling_gflops"] if not s.gpu else None,
+            "ratios": ratios,
+        }
+    )
+    line = (
+        f"\n  {provider.name:20s} {model} {w.id}: {med * 1e3:9.2f} ms (IQR {st.iqr * 1e3:.2f})"
+        f"  {gflops:7.1f} GFLOP/s"
+    )
     if not s.gpu:
         line += f" = {info['ceiling_share'] * 100:4.0f}% of GEMM {info['ceiling_gflops']:.0f}"
     if ratios:

@@ -14,11 +14,12 @@ real tokens only), ``ratios`` (speedup over the PyTorch baseline timed in the sa
 and ``parity_max_abs_err`` against that baseline. Implementations of one case are timed
 interleaved, round by round (``conftest.interleave``), like the end-to-end suite.
 """
+
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Dict, List, Tuple
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -26,8 +27,15 @@ import torch.nn.functional as F
 
 from bertfast.bench import bertfast_backends, ragged_lengths, synchronize
 
-OPS = ("embed_layernorm", "add_layernorm", "bias_gelu", "linear", "linear_gelu", "attention",
-       "attention_varlen")
+OPS = (
+    "embed_layernorm",
+    "add_layernorm",
+    "bias_gelu",
+    "linear",
+    "linear_gelu",
+    "attention",
+    "attention_varlen",
+)
 MEMORY_BOUND = ("embed_layernorm", "add_layernorm", "bias_gelu")
 BASELINE = "pytorch"
 SEQ = 128
@@ -37,7 +45,7 @@ HEAD_DIM = 64
 TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 6e-2}
 
 
-def shapes(settings) -> List[Tuple[int, int]]:
+def shapes(settings) -> list[tuple[int, int]]:
     if settings.smoke:
         return [(128, 64)]
     if settings.profile == "full":
@@ -53,13 +61,14 @@ def cases(settings):
     for op in OPS:
         for tokens, hidden in shapes(settings):
             for impl in [BASELINE] + backends:
-                out.append(pytest.param((op, tokens, hidden, impl),
-                                        id=f"{op}-{tokens}x{hidden}-{impl}"))
+                out.append(
+                    pytest.param((op, tokens, hidden, impl), id=f"{op}-{tokens}x{hidden}-{impl}")
+                )
     return out
 
 
 # ---------------------------------------------------------------- inputs
-def _inputs(op: str, tokens: int, hidden: int, device, dtype) -> Dict[str, object]:
+def _inputs(op: str, tokens: int, hidden: int, device, dtype) -> dict[str, object]:
     g = torch.Generator().manual_seed(tokens * 7 + hidden)
 
     def rand(*shape, scale=1.0):
@@ -73,38 +82,61 @@ def _inputs(op: str, tokens: int, hidden: int, device, dtype) -> Dict[str, objec
             input_ids=torch.randint(0, V, (B, S), generator=g).to(device),
             position_ids=torch.arange(S).expand(B, S).contiguous().to(device),
             token_type_ids=torch.zeros(B, S, dtype=torch.long, device=device),
-            word=rand(V, H, scale=0.05), pos=rand(512, H, scale=0.05), types=rand(2, H, scale=0.05),
-            weight=rand(H).abs() + 0.5, bias=rand(H, scale=0.1), rows=B * S)
+            word=rand(V, H, scale=0.05),
+            pos=rand(512, H, scale=0.05),
+            types=rand(2, H, scale=0.05),
+            weight=rand(H).abs() + 0.5,
+            bias=rand(H, scale=0.1),
+            rows=B * S,
+        )
     if op == "add_layernorm":
-        return dict(x=rand(tokens, H), residual=rand(tokens, H), bias=rand(H, scale=0.1),
-                    weight=rand(H).abs() + 0.5, ln_bias=rand(H, scale=0.1))
+        return dict(
+            x=rand(tokens, H),
+            residual=rand(tokens, H),
+            bias=rand(H, scale=0.1),
+            weight=rand(H).abs() + 0.5,
+            ln_bias=rand(H, scale=0.1),
+        )
     if op == "bias_gelu":
         return dict(x=rand(tokens, 4 * H), bias=rand(4 * H, scale=0.1))
     if op == "linear":  # the fused QKV projection
-        return dict(x=rand(tokens, H), weight=rand(3 * H, H, scale=H ** -0.5),
-                    bias=rand(3 * H, scale=0.1))
+        return dict(
+            x=rand(tokens, H), weight=rand(3 * H, H, scale=H**-0.5), bias=rand(3 * H, scale=0.1)
+        )
     if op == "linear_gelu":
-        return dict(x=rand(tokens, H), weight=rand(4 * H, H, scale=H ** -0.5),
-                    bias=rand(4 * H, scale=0.1))
+        return dict(
+            x=rand(tokens, H), weight=rand(4 * H, H, scale=H**-0.5), bias=rand(4 * H, scale=0.1)
+        )
     heads = max(H // HEAD_DIM, 1)
     if op == "attention":
         B, S = max(tokens // SEQ, 1), min(tokens, SEQ)
-        return dict(qkv=rand(B, S, 3 * H), mask=torch.ones(B, S, dtype=torch.long, device=device),
-                    heads=heads, lengths=[S] * B)
+        return dict(
+            qkv=rand(B, S, 3 * H),
+            mask=torch.ones(B, S, dtype=torch.long, device=device),
+            heads=heads,
+            lengths=[S] * B,
+        )
     if op == "attention_varlen":
         lengths = ragged_lengths(max(tokens // 64, 1), 64, SEQ, seed=tokens + hidden)
         S = max(lengths)
         T = sum(lengths)
-        mask = (torch.arange(S)[None, :] < torch.tensor(lengths)[:, None])
+        mask = torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]
         index = mask.flatten().nonzero().squeeze(1)
         cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         cu[1:] = torch.tensor(lengths).cumsum(0)
         packed = rand(T, 3 * H)
         padded = torch.zeros(len(lengths) * S, 3 * H, dtype=dtype, device=device)
         padded[index.to(device)] = packed
-        return dict(qkv=packed, cu=cu.to(device), max_seqlen=S, heads=heads, lengths=lengths,
-                    padded=padded.view(len(lengths), S, 3 * H), mask=mask.long().to(device),
-                    index=index.to(device))
+        return dict(
+            qkv=packed,
+            cu=cu.to(device),
+            max_seqlen=S,
+            heads=heads,
+            lengths=lengths,
+            padded=padded.view(len(lengths), S, 3 * H),
+            mask=mask.long().to(device),
+            index=index.to(device),
+        )
     raise ValueError(op)
 
 
@@ -119,17 +151,24 @@ def _sdpa_heads(qkv: torch.Tensor, mask, heads: int) -> torch.Tensor:
     return out.transpose(1, 2).reshape(B, S, H)
 
 
-def _pytorch(op: str, a: Dict[str, object]) -> Callable[[], torch.Tensor]:
+def _pytorch(op: str, a: dict[str, object]) -> Callable[[], torch.Tensor]:
     if op == "embed_layernorm":
+
         def f():
             x = F.embedding(a["input_ids"], a["word"])
             x = x + F.embedding(a["token_type_ids"], a["types"])
             x = x + F.embedding(a["position_ids"], a["pos"])
             return F.layer_norm(x, (x.shape[-1],), a["weight"], a["bias"], 1e-12)
+
         return f
     if op == "add_layernorm":
-        return lambda: F.layer_norm(a["x"] + a["bias"] + a["residual"], (a["x"].shape[-1],),
-                                    a["weight"], a["ln_bias"], 1e-12)
+        return lambda: F.layer_norm(
+            a["x"] + a["bias"] + a["residual"],
+            (a["x"].shape[-1],),
+            a["weight"],
+            a["ln_bias"],
+            1e-12,
+        )
     if op == "bias_gelu":
         return lambda: F.gelu(a["x"] + a["bias"])
     if op == "linear":
@@ -144,16 +183,26 @@ def _pytorch(op: str, a: Dict[str, object]) -> Callable[[], torch.Tensor]:
     raise ValueError(op)
 
 
-def _bertfast(op: str, a: Dict[str, object], backend: str) -> Callable[[], torch.Tensor]:
+def _bertfast(op: str, a: dict[str, object], backend: str) -> Callable[[], torch.Tensor]:
     from bertfast import ops
 
     if op == "embed_layernorm":
-        return lambda: ops.embed_layernorm(a["input_ids"], a["position_ids"], a["token_type_ids"],
-                                           a["word"], a["pos"], a["types"], a["weight"],
-                                           a["bias"], 1e-12, backend=backend)
+        return lambda: ops.embed_layernorm(
+            a["input_ids"],
+            a["position_ids"],
+            a["token_type_ids"],
+            a["word"],
+            a["pos"],
+            a["types"],
+            a["weight"],
+            a["bias"],
+            1e-12,
+            backend=backend,
+        )
     if op == "add_layernorm":
-        return lambda: ops.add_layernorm(a["x"], a["residual"], a["bias"], a["weight"],
-                                         a["ln_bias"], 1e-12, backend=backend)
+        return lambda: ops.add_layernorm(
+            a["x"], a["residual"], a["bias"], a["weight"], a["ln_bias"], 1e-12, backend=backend
+        )
     if op == "bias_gelu":
         return lambda: ops.bias_gelu(a["x"], a["bias"], "gelu", backend=backend)
     if op == "linear":
@@ -163,12 +212,13 @@ def _bertfast(op: str, a: Dict[str, object], backend: str) -> Callable[[], torch
     if op == "attention":
         return lambda: ops.attention(a["qkv"], a["mask"], a["heads"], backend=backend)
     if op == "attention_varlen":
-        return lambda: ops.attention_varlen(a["qkv"], a["cu"], a["max_seqlen"], a["heads"],
-                                            backend=backend)
+        return lambda: ops.attention_varlen(
+            a["qkv"], a["cu"], a["max_seqlen"], a["heads"], backend=backend
+        )
     raise ValueError(op)
 
 
-def _work(op: str, a: Dict[str, object], tokens: int, hidden: int, elt: int) -> Tuple[str, float]:
+def _work(op: str, a: dict[str, object], tokens: int, hidden: int, elt: int) -> tuple[str, float]:
     """("GB", bytes) for memory-bound ops, ("GFLOP", flops) otherwise."""
     H = hidden
     if op == "embed_layernorm":
@@ -185,7 +235,7 @@ def _work(op: str, a: Dict[str, object], tokens: int, hidden: int, elt: int) -> 
     return "GFLOP", sum(4 * n * n * H for n in a["lengths"])
 
 
-_measured: Dict[tuple, dict] = {}
+_measured: dict[tuple, dict] = {}
 
 
 def measure_group(bench, timing, key, impls) -> dict:
@@ -216,6 +266,7 @@ def measure_group(bench, timing, key, impls) -> dict:
             r = fn()
             synchronize(s.device)
             return r
+
         return call
 
     calls = {n: sync(f) for n, f in fns.items()}
@@ -234,8 +285,14 @@ def measure_group(bench, timing, key, impls) -> dict:
     del ref
     times = timing.interleave(calls, one, min(s.budget, 1.0), s.smoke)
     unit, amount = _work(op, a, tokens, hidden, torch.finfo(s.dtype).bits // 8)
-    res = {"times": times, "errs": errs, "skips": skips, "fns": calls, "unit": unit,
-           "amount": amount}
+    res = {
+        "times": times,
+        "errs": errs,
+        "skips": skips,
+        "fns": calls,
+        "unit": unit,
+        "amount": amount,
+    }
     _measured[key] = res
     return res
 
@@ -253,27 +310,46 @@ def test_kernel(benchmark, bench, timing, kernel_case):
     benchmark.group = f"{op} {tokens}x{hidden}"
     benchmark.name = f"{op}-{tokens}x{hidden}-{impl}"
     if not timing.record(benchmark, times):  # fallback: time this implementation alone
-        benchmark.pedantic(res["fns"][impl], rounds=max(len(times), 1), iterations=1,
-                           warmup_rounds=1)
+        benchmark.pedantic(
+            res["fns"][impl], rounds=max(len(times), 1), iterations=1, warmup_rounds=1
+        )
 
     unit, amount = res["unit"], res["amount"]
     err = res["errs"][impl]
     tol = TOL.get(s.dtype, 1e-2)
     info = benchmark.extra_info
-    info.update({"suite": "kernels", "op": op, "tokens": tokens, "hidden": hidden,
-                 "provider": impl, "is_bertfast": impl != BASELINE, "timing": "interleaved",
-                 "device": bench.device_name, "dtype": str(s.dtype).replace("torch.", ""),
-                 "unit": unit, "amount": amount, "parity_max_abs_err": err,
-                 "parity_ok": bool(err <= tol), "parity_tol": tol})
+    info.update(
+        {
+            "suite": "kernels",
+            "op": op,
+            "tokens": tokens,
+            "hidden": hidden,
+            "provider": impl,
+            "is_bertfast": impl != BASELINE,
+            "timing": "interleaved",
+            "device": bench.device_name,
+            "dtype": str(s.dtype).replace("torch.", ""),
+            "unit": unit,
+            "amount": amount,
+            "parity_max_abs_err": err,
+            "parity_ok": bool(err <= tol),
+            "parity_tol": tol,
+        }
+    )
     stats = getattr(benchmark, "stats", None)
     if stats is None:
         return
     med = stats.stats.median
     rate = amount / med / 1e9
-    info.update({"median_s": med, "iqr_s": stats.stats.iqr, "rounds": stats.stats.rounds,
-                 "gbps" if unit == "GB" else "gflops": rate})
+    info.update(
+        {
+            "median_s": med,
+            "iqr_s": stats.stats.iqr,
+            "rounds": stats.stats.rounds,
+            "gbps" if unit == "GB" else "gflops": rate,
+        }
+    )
     base = res["times"].get(BASELINE)
-    info["ratios"] = ({BASELINE: statistics.median(base) / med}
-                      if base and impl != BASELINE else {})
+    info["ratios"] = {BASELINE: statistics.median(base) / med} if base and impl != BASELINE else {}
     if unit == "GFLOP" and not s.gpu:
         info["ceiling_share"] = rate / bench.ceiling

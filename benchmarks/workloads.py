@@ -22,13 +22,14 @@ Profiles pick a subset: ``full`` (everything), ``quick`` (the CPU run that fits 
 minutes on 2 cores: MiniLM and BERT-base on the key shapes) and ``smoke`` (tiny model,
 tiny shapes; ``BERTFAST_BENCH_SMOKE=1`` selects it).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
 
 from bertfast.bench import ModelDims, make_batch, padding_lengths, ragged_lengths
 from bertfast.presets import PRESETS, Preset, materialize, packaged_minilm
@@ -37,8 +38,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CACHE = os.environ.get("BERTFAST_BENCH_CACHE", os.path.join(HERE, ".cache"))
 
 # The smoke run's model: a 2-layer, hidden-64 BERT.
-_TINY = Preset(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-               intermediate_size=128, vocab_size=1000, max_position_embeddings=128)
+_TINY = Preset(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=128,
+    vocab_size=1000,
+    max_position_embeddings=128,
+)
 
 MODELS = ("minilm", "bert-base", "bert-large", "tiny")
 
@@ -82,7 +89,7 @@ class Workload:
     """One input batch: ``lengths`` real tokens per row, padded to ``seq``."""
 
     id: str
-    kind: str                 # grid | ragged | padding
+    kind: str  # grid | ragged | padding
     lengths: tuple
     seq: int
     note: str = ""
@@ -100,8 +107,13 @@ class Workload:
         return 1.0 - self.real_tokens / (self.batch * self.seq)
 
     def make(self, vocab_size: int, device="cpu"):
-        return make_batch(self.lengths, vocab_size, seq=self.seq, seed=zlib.crc32(self.id.encode()) % 1000,
-                          device=device)
+        return make_batch(
+            self.lengths,
+            vocab_size,
+            seq=self.seq,
+            seed=zlib.crc32(self.id.encode()) % 1000,
+            device=device,
+        )
 
 
 def grid(batch: int, seq: int) -> Workload:
@@ -110,8 +122,13 @@ def grid(batch: int, seq: int) -> Workload:
 
 def ragged(batch: int, mean: int, max_len: int) -> Workload:
     lengths = tuple(ragged_lengths(batch, mean, max_len, seed=batch * 1000 + mean))
-    return Workload(f"ragged{batch}-mean{mean}-max{max_len}", "ragged", lengths, max(lengths),
-                    note=f"log-normal(sigma 0.6, mean {mean}) clipped to [8, {max_len}]")
+    return Workload(
+        f"ragged{batch}-mean{mean}-max{max_len}",
+        "ragged",
+        lengths,
+        max(lengths),
+        note=f"log-normal(sigma 0.6, mean {mean}) clipped to [8, {max_len}]",
+    )
 
 
 def padded(batch: int, seq: int, fraction: float) -> Workload:
@@ -119,28 +136,30 @@ def padded(batch: int, seq: int, fraction: float) -> Workload:
     return Workload(f"{batch}x{seq}-pad{int(round(fraction * 100))}", "padding", lengths, seq)
 
 
-def grid_workloads() -> List[Workload]:
+def grid_workloads() -> list[Workload]:
     return [grid(b, s) for b in (1, 8, 32) for s in (32, 128, 384, 512)]
 
 
-def ragged_workloads() -> List[Workload]:
+def ragged_workloads() -> list[Workload]:
     # 32 sentences (mean 64, max 128): the GPU target's case; 32 short passages
     # (mean 128, max 512: retrieval documents); 8 sentences (mean 32, max 128).
     return [ragged(32, 64, 128), ragged(32, 128, 512), ragged(8, 32, 128)]
 
 
-def padding_workloads() -> List[Workload]:
+def padding_workloads() -> list[Workload]:
     return [padded(32, 256, f) for f in (0.0, 0.25, 0.5, 0.75)]
 
 
-def profile(name: str) -> Dict[str, List[Workload]]:
+def profile(name: str) -> dict[str, list[Workload]]:
     """Model name -> workloads, in the order they run."""
     if name == "smoke":
         return {"tiny": [grid(2, 16), ragged(4, 12, 32), padded(4, 32, 0.5)]}
     if name == "quick":
-        minilm = ([grid(1, 32), grid(1, 128), grid(8, 128), grid(32, 128)]
-                  + [ragged(32, 64, 128), ragged(8, 32, 128)]
-                  + [padded(32, 128, 0.5)])
+        minilm = (
+            [grid(1, 32), grid(1, 128), grid(8, 128), grid(32, 128)]
+            + [ragged(32, 64, 128), ragged(8, 32, 128)]
+            + [padded(32, 128, 0.5)]
+        )
         base = [grid(1, 32), grid(1, 128), grid(8, 32), ragged(8, 32, 128)]
         return {"minilm": minilm, "bert-base": base}
     if name == "full":
@@ -149,12 +168,15 @@ def profile(name: str) -> Dict[str, List[Workload]]:
     raise ValueError(f"unknown profile {name!r}; choose smoke, quick or full")
 
 
-def select(profile_name: str, models: Optional[Sequence[str]] = None,
-           kinds: Optional[Sequence[str]] = None) -> Dict[str, List[Workload]]:
+def select(
+    profile_name: str, models: Sequence[str] | None = None, kinds: Sequence[str] | None = None
+) -> dict[str, list[Workload]]:
     plan = profile(profile_name)
     if models:
-        plan = {m: (plan.get(m) or profile("full").get(m) or profile("smoke").get(m, []))
-                for m in models}
+        plan = {
+            m: (plan.get(m) or profile("full").get(m) or profile("smoke").get(m, []))
+            for m in models
+        }
     if kinds:
         plan = {m: [w for w in ws if w.kind in kinds] for m, ws in plan.items()}
     return {m: ws for m, ws in plan.items() if ws}

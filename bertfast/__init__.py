@@ -15,6 +15,7 @@ Public API (imported lazily so ``import bertfast`` stays cheap):
 
 README.md documents each of them; docs/design.md explains how they are built.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,5 @@
 """``python -m bertfast``: the same as the ``bertfast`` command."""
+
 import sys
 
 from .cli import main

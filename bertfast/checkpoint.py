@@ -53,12 +53,13 @@ missing or corrupt weight file, a shard path in an index file that leaves the fo
 weight of the wrong shape or of a non-floating dtype, layers or token-type weights
 the config does not declare, missing weights.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import re
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -180,7 +181,7 @@ _TABLES = {
     "albert": _ALBERT,
     "distilbert": _DISTILBERT,
 }
-_COMPILED: Dict[str, list] = {}
+_COMPILED: dict[str, list] = {}
 
 
 def _table(family: str):
@@ -197,7 +198,7 @@ def _match(cfg: EncoderConfig, key: str):
     row matches. For ALBERT the index is ``(group, inner)``."""
     prefix = PREFIXES[cfg.family]
     if key.startswith(prefix):
-        key = key[len(prefix):]
+        key = key[len(prefix) :]
     if key.endswith(".gamma"):
         key = key[: -len(".gamma")] + ".weight"
     elif key.endswith(".beta"):
@@ -228,7 +229,7 @@ def _beyond_config(cfg: EncoderConfig, index) -> bool:
     return index >= cfg.num_stored_layers
 
 
-def canonical_name(cfg: EncoderConfig, key: str) -> Optional[Tuple[str, Optional[int]]]:
+def canonical_name(cfg: EncoderConfig, key: str) -> tuple[str, int | None] | None:
     """``(canonical name, qkv part or None)`` for a checkpoint key, or None if the
     key is not one bertfast uses (buffers such as ``position_ids``, other heads,
     layers beyond the config's count...)."""
@@ -238,10 +239,10 @@ def canonical_name(cfg: EncoderConfig, key: str) -> Optional[Tuple[str, Optional
     return found[0], found[1]
 
 
-def encoder_weight_specs(cfg: EncoderConfig) -> Dict[str, tuple]:
+def encoder_weight_specs(cfg: EncoderConfig) -> dict[str, tuple]:
     """Canonical encoder weight names -> expected shapes."""
     H, E, I = cfg.hidden_size, cfg.embedding_size, cfg.intermediate_size
-    s: Dict[str, tuple] = {
+    s: dict[str, tuple] = {
         "embeddings.word": (cfg.vocab_size, E),
         "embeddings.position": (cfg.max_position_embeddings, E),
         "embeddings.ln.weight": (E,),
@@ -272,12 +273,12 @@ def encoder_weight_specs(cfg: EncoderConfig) -> Dict[str, tuple]:
 # ------------------------------------------------------------------ conversion
 def convert(
     cfg: EncoderConfig,
-    items: Iterable[Tuple[str, Callable[[], torch.Tensor]]],
+    items: Iterable[tuple[str, Callable[[], torch.Tensor]]],
     head: str,
     dtype: torch.dtype = torch.float32,
     device="cpu",
     source: str = "checkpoint",
-) -> Dict[str, torch.Tensor]:
+) -> dict[str, torch.Tensor]:
     """Canonical weights from ``(key, get_tensor)`` pairs.
 
     ``get_tensor`` is only called for keys the encoder and ``head`` need. Tensors are
@@ -295,15 +296,15 @@ def convert(
     for alias, target in _FALLBACK.items():
         if target in wanted:
             wanted[alias] = wanted[target]
-    out: Dict[str, torch.Tensor] = {}
-    pending: Dict[str, List[Optional[torch.Tensor]]] = {}
+    out: dict[str, torch.Tensor] = {}
+    pending: dict[str, list[torch.Tensor | None]] = {}
     H = cfg.hidden_size
     device = torch.device(device)
 
     def cast(t: torch.Tensor) -> torch.Tensor:  # floating point: checked when read
         return t.to(device=device, dtype=dtype, copy=False)
 
-    extra_layers: List[Tuple[object, str]] = []  # (stored index, key) beyond the config
+    extra_layers: list[tuple[object, str]] = []  # (stored index, key) beyond the config
     for key, get in items:
         found = _match(cfg, key)
         if found is None:
@@ -312,14 +313,18 @@ def convert(
         if _beyond_config(cfg, index):
             extra_layers.append((index, key))
             continue
-        if name == "embeddings.token_type" and not cfg.has_token_types \
-                and cfg.family != "distilbert":
+        if (
+            name == "embeddings.token_type"
+            and not cfg.has_token_types
+            and cfg.family != "distilbert"
+        ):
             t = get()
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else "?"
             raise CheckpointError(
                 f"{source}: config.json says type_vocab_size={cfg.type_vocab_size}, but the "
                 f"weights hold token-type embeddings {key} of shape {shape}; set "
-                f"type_vocab_size to the number of rows of that tensor")
+                f"type_vocab_size to the number of rows of that tensor"
+            )
         if name not in wanted or name in out:
             continue
         t = get()
@@ -328,19 +333,22 @@ def convert(
         if not t.is_floating_point():
             raise CheckpointError(
                 f"{source}: weight {key} (bertfast {name}) has dtype {t.dtype}; weights must "
-                f"be floating point (float32, float16 or bfloat16)")
+                f"be floating point (float32, float16 or bfloat16)"
+            )
         if part is None:
             if tuple(t.shape) != tuple(wanted[name]):
                 raise CheckpointError(
                     f"{source}: weight {key} (bertfast {name}) has shape {tuple(t.shape)}, "
-                    f"expected {tuple(wanted[name])}")
+                    f"expected {tuple(wanted[name])}"
+                )
             out[name] = cast(t)
         else:
             expect = (H, H) if name.endswith("weight") else (H,)
             if tuple(t.shape) != expect:
                 raise CheckpointError(
                     f"{source}: weight {key} (part {'QKV'[part]} of bertfast {name}) has shape "
-                    f"{tuple(t.shape)}, expected {expect}")
+                    f"{tuple(t.shape)}, expected {expect}"
+                )
             parts = pending.setdefault(name, [None, None, None])
             parts[part] = cast(t)
             del t
@@ -364,13 +372,17 @@ def convert(
 
     missing = [n for n in required if n not in out]
     if missing:
-        partial = {n: [("Q", "K", "V")[i] for i, p in enumerate(v) if p is None]
-                   for n, v in pending.items()}
-        detail = [f"{n} (missing part {'/'.join(partial[n])})" if n in partial else n
-                  for n in missing]
+        partial = {
+            n: [("Q", "K", "V")[i] for i, p in enumerate(v) if p is None]
+            for n, v in pending.items()
+        }
+        detail = [
+            f"{n} (missing part {'/'.join(partial[n])})" if n in partial else n for n in missing
+        ]
         raise CheckpointError(
             f"{source}: missing {len(missing)} weight(s) needed by the {cfg.model_type} encoder "
-            f"and the {head!r} head: {', '.join(detail)}")
+            f"and the {head!r} head: {', '.join(detail)}"
+        )
     return out
 
 
@@ -384,10 +396,12 @@ def _refuse_extra_layers(cfg: EncoderConfig, extra, source: str) -> None:
         raise CheckpointError(
             f"{source}: the weights hold {groups} layer group(s) of {inner} layer(s) "
             f"(e.g. {key}), but config.json says num_hidden_groups={cfg.num_hidden_groups}, "
-            f"inner_group_num={cfg.inner_group_num}; fix the config to match the weights")
+            f"inner_group_num={cfg.inner_group_num}; fix the config to match the weights"
+        )
     raise CheckpointError(
         f"{source}: the weights hold {index + 1} layers (e.g. {key}), but config.json says "
-        f"num_hidden_layers={cfg.num_layers}; fix num_hidden_layers to match the weights")
+        f"num_hidden_layers={cfg.num_layers}; fix num_hidden_layers to match the weights"
+    )
 
 
 # ---------------------------------------------------------------------- files
@@ -398,7 +412,7 @@ def _inside(path: str, root: str) -> bool:
         return False
 
 
-def _weight_file(folder: str, name, index: Optional[str] = None) -> str:
+def _weight_file(folder: str, name, index: str | None = None) -> str:
     """``folder/name``, refused unless it stays inside the checkpoint folder: no
     absolute path, no ``..``, no symlink out of the folder (except into the
     ``blobs`` of the Hugging Face cache repo a snapshot folder belongs to)."""
@@ -406,11 +420,15 @@ def _weight_file(folder: str, name, index: Optional[str] = None) -> str:
     if not isinstance(name, str) or not name:
         raise CheckpointError(f"{folder}: {where} {name!r}, which is not a file name")
     if os.path.isabs(name) or name.startswith(("/", "\\")) or os.path.splitdrive(name)[0]:
-        raise CheckpointError(f"{folder}: {where} the absolute path {name!r}; shard files "
-                              f"must be named relative to the checkpoint folder")
+        raise CheckpointError(
+            f"{folder}: {where} the absolute path {name!r}; shard files "
+            f"must be named relative to the checkpoint folder"
+        )
     if ".." in name.replace("\\", "/").split("/"):
-        raise CheckpointError(f"{folder}: {where} {name!r}, which leaves the checkpoint "
-                              f"folder; shard files must lie inside it")
+        raise CheckpointError(
+            f"{folder}: {where} {name!r}, which leaves the checkpoint "
+            f"folder; shard files must lie inside it"
+        )
     path = os.path.join(folder, name)
     root = os.path.realpath(folder)
     real = os.path.realpath(path)
@@ -420,48 +438,58 @@ def _weight_file(folder: str, name, index: Optional[str] = None) -> str:
         if not (os.path.basename(snapshots) == "snapshots" and _inside(real, blobs)):
             raise CheckpointError(
                 f"{folder}: {where} {name!r}, a symlink to {real}, outside the checkpoint "
-                f"folder; copy the file into the folder instead")
+                f"folder; copy the file into the folder instead"
+            )
     return path
 
 
-def find_weight_files(folder: str) -> Tuple[str, List[str]]:
+def find_weight_files(folder: str) -> tuple[str, list[str]]:
     """``(format, files)`` with format ``safetensors`` or ``bin``."""
+
     def p(name):
         return os.path.join(folder, name)
 
     if os.path.isfile(p("model.safetensors")):
         return "safetensors", [_weight_file(folder, "model.safetensors")]
-    for fmt, index in (("safetensors", "model.safetensors.index.json"),
-                       ("bin", "pytorch_model.bin.index.json")):
+    for fmt, index in (
+        ("safetensors", "model.safetensors.index.json"),
+        ("bin", "pytorch_model.bin.index.json"),
+    ):
         if os.path.isfile(p(index)):
             try:
-                with open(p(index), "r", encoding="utf-8") as f:
+                with open(p(index), encoding="utf-8") as f:
                     weight_map = json.load(f)["weight_map"]
             except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise CheckpointError(f"{p(index)} is not a valid shard index: "
-                                      f"{type(exc).__name__}: {exc}") from exc
+                raise CheckpointError(
+                    f"{p(index)} is not a valid shard index: {type(exc).__name__}: {exc}"
+                ) from exc
             if not isinstance(weight_map, dict):
-                raise CheckpointError(f"{p(index)} is not a valid shard index: weight_map "
-                                      f"must map tensor names to shard file names")
+                raise CheckpointError(
+                    f"{p(index)} is not a valid shard index: weight_map "
+                    f"must map tensor names to shard file names"
+                )
             for key, shard in weight_map.items():
                 if not isinstance(shard, str):
-                    raise CheckpointError(f"{p(index)}: weight_map[{key!r}] must be a shard "
-                                          f"file name, got {shard!r}")
+                    raise CheckpointError(
+                        f"{p(index)}: weight_map[{key!r}] must be a shard file name, got {shard!r}"
+                    )
             shards = sorted(set(weight_map.values()))
             paths = [_weight_file(folder, s, index) for s in shards]
             absent = [s for s, path in zip(shards, paths) if not os.path.isfile(path)]
             if absent:
-                raise CheckpointNotFoundError(f"{folder}: shard(s) named in {index} are "
-                                              f"missing: {', '.join(absent)}")
+                raise CheckpointNotFoundError(
+                    f"{folder}: shard(s) named in {index} are missing: {', '.join(absent)}"
+                )
             return fmt, paths
     if os.path.isfile(p("pytorch_model.bin")):
         return "bin", [_weight_file(folder, "pytorch_model.bin")]
     raise CheckpointNotFoundError(
         f"{folder}: no weights found (looked for model.safetensors, "
-        f"model.safetensors.index.json, pytorch_model.bin, pytorch_model.bin.index.json)")
+        f"model.safetensors.index.json, pytorch_model.bin, pytorch_model.bin.index.json)"
+    )
 
 
-def _safetensors_items(files: List[str]) -> Iterator[Tuple[str, Callable[[], torch.Tensor]]]:
+def _safetensors_items(files: list[str]) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
     from safetensors import safe_open
 
     handles = []
@@ -471,23 +499,25 @@ def _safetensors_items(files: List[str]) -> Iterator[Tuple[str, Callable[[], tor
                 handles.append((path, safe_open(path, framework="pt", device="cpu")))
             except Exception as exc:  # SafetensorError, OSError: corrupt/truncated header
                 raise CheckpointError(
-                    f"{path} is not a readable safetensors file (truncated or corrupt?): "
-                    f"{exc}") from exc
+                    f"{path} is not a readable safetensors file (truncated or corrupt?): {exc}"
+                ) from exc
         for path, f in handles:
             for key in f.keys():
+
                 def get(f=f, key=key, path=path):
                     try:
                         return f.get_tensor(key)
                     except Exception as exc:
                         raise CheckpointError(
-                            f"{path}: cannot read tensor {key} (truncated or corrupt?): "
-                            f"{exc}") from exc
+                            f"{path}: cannot read tensor {key} (truncated or corrupt?): {exc}"
+                        ) from exc
+
                 yield key, get
     finally:
         handles.clear()
 
 
-def _bin_items(files: List[str]) -> Iterator[Tuple[str, Callable[[], torch.Tensor]]]:
+def _bin_items(files: list[str]) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
     for path in files:
         try:
             try:
@@ -498,8 +528,8 @@ def _bin_items(files: List[str]) -> Iterator[Tuple[str, Callable[[], torch.Tenso
                 sd = torch.load(path, map_location="cpu", weights_only=True)  # legacy format
         except Exception as exc:
             raise CheckpointError(
-                f"{path} is not a readable PyTorch weight file (truncated or corrupt?): "
-                f"{exc}") from exc
+                f"{path} is not a readable PyTorch weight file (truncated or corrupt?): {exc}"
+            ) from exc
         if not isinstance(sd, dict):
             raise CheckpointError(f"{path} does not hold a state dict")
         for key in list(sd.keys()):
@@ -511,10 +541,10 @@ def _bin_items(files: List[str]) -> Iterator[Tuple[str, Callable[[], torch.Tenso
 
 def load_checkpoint(
     path,
-    head: Optional[str] = None,
+    head: str | None = None,
     dtype: torch.dtype = torch.float32,
     device="cpu",
-) -> Tuple[EncoderConfig, str, Dict[str, torch.Tensor]]:
+) -> tuple[EncoderConfig, str, dict[str, torch.Tensor]]:
     """Read ``path`` -> ``(config, resolved head, canonical weights)``."""
     folder = checkpoint_folder(path)
     cfg = EncoderConfig.from_json(folder)

@@ -24,21 +24,27 @@ integer such as ``384.7`` or ``"384x"``, ``hidden_size`` not divisible by the he
 count, ...) raises :class:`~bertfast.validate.CheckpointError` naming the field and
 its value.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 from .validate import CheckpointError, CheckpointNotFoundError
 
-__all__ = ["EncoderConfig", "SUPPORTED_MODEL_TYPES", "SUPPORTED_FAMILIES", "CheckpointError",
-           "normalize_activation"]
+__all__ = [
+    "EncoderConfig",
+    "SUPPORTED_MODEL_TYPES",
+    "SUPPORTED_FAMILIES",
+    "CheckpointError",
+    "normalize_activation",
+]
 
 #: model_type -> family
-SUPPORTED_MODEL_TYPES: Dict[str, str] = {
+SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "bert": "bert",
     "roberta": "roberta",
     "xlm-roberta": "roberta",
@@ -49,8 +55,9 @@ SUPPORTED_MODEL_TYPES: Dict[str, str] = {
 }
 
 #: The families, as users know them (for error messages).
-SUPPORTED_FAMILIES = "BERT (incl. MiniLM, BGE, E5, GTE), RoBERTa (XLM-R, CamemBERT), ALBERT, " \
-    "ELECTRA and DistilBERT"
+SUPPORTED_FAMILIES = (
+    "BERT (incl. MiniLM, BGE, E5, GTE), RoBERTa (XLM-R, CamemBERT), ALBERT, ELECTRA and DistilBERT"
+)
 
 _ACTIVATIONS = {
     "gelu": "gelu",
@@ -75,8 +82,7 @@ def normalize_activation(name: Any, *, what: str = "hidden_act", heads: bool = F
         return "identity"
     if not isinstance(name, str) or name.lower() not in table:
         raise ValueError(
-            f"unsupported activation {what}={name!r}; bertfast supports "
-            f"{', '.join(sorted(table))}"
+            f"unsupported activation {what}={name!r}; bertfast supports {', '.join(sorted(table))}"
         )
     return table[name.lower()]
 
@@ -101,14 +107,14 @@ class EncoderConfig:
     position_scheme: str
     num_hidden_groups: int = 1
     inner_group_num: int = 1
-    architectures: Tuple[str, ...] = ()
+    architectures: tuple[str, ...] = ()
     num_labels: int = 2
-    problem_type: Optional[str] = None
-    id2label: Optional[Dict[int, str]] = None
+    problem_type: str | None = None
+    id2label: dict[int, str] | None = None
     tie_word_embeddings: bool = True
     summary_activation: str = "identity"  # ELECTRA multiple-choice sequence summary
     summary_use_proj: bool = True
-    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ derived
     @property
@@ -157,7 +163,7 @@ class EncoderConfig:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_json(cls, path) -> "EncoderConfig":
+    def from_json(cls, path) -> EncoderConfig:
         """Read ``config.json`` (``path`` may be the file or its folder)."""
         path = os.fspath(path)
         if os.path.isdir(path):
@@ -165,7 +171,7 @@ class EncoderConfig:
         if not os.path.isfile(path):
             raise CheckpointNotFoundError(f"no config.json at {path}")
         try:
-            with open(path, "r", encoding="utf-8") as f:
+            with open(path, encoding="utf-8") as f:
                 raw = json.load(f)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CheckpointError(f"cannot read {path}: {exc}") from exc
@@ -174,7 +180,7 @@ class EncoderConfig:
         return cls.from_dict(raw, source=path)
 
     @classmethod
-    def from_dict(cls, raw: Dict[str, Any], source: str = "config") -> "EncoderConfig":
+    def from_dict(cls, raw: dict[str, Any], source: str = "config") -> EncoderConfig:
         """Normalise a transformers config dict; every bad field is a
         :class:`CheckpointError` naming the field and its value."""
         if not isinstance(raw, dict):
@@ -182,12 +188,16 @@ class EncoderConfig:
         archs = _architectures(raw.get("architectures"), source)
         model_type = raw.get("model_type")
         if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
-            what = ("has no model_type" if model_type is None
-                    else f"has model_type {model_type!r}, which bertfast does not run")
+            what = (
+                "has no model_type"
+                if model_type is None
+                else f"has model_type {model_type!r}, which bertfast does not run"
+            )
             arch = f" (architectures: {', '.join(archs)})" if archs else ""
             raise CheckpointError(
                 f"{source} {what}{arch}; bertfast supports the {SUPPORTED_FAMILIES} families "
-                f"(model_type one of {', '.join(sorted(SUPPORTED_MODEL_TYPES))})")
+                f"(model_type one of {', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
+            )
         family = SUPPORTED_MODEL_TYPES[model_type]
 
         def need(*keys, default=None, required=True):
@@ -196,8 +206,9 @@ class EncoderConfig:
                 if k in raw and raw[k] is not None:
                     return k, raw[k]
             if required and default is None:
-                raise CheckpointError(f"{source}: missing required field {keys[0]!r} "
-                                      f"for model_type {model_type!r}")
+                raise CheckpointError(
+                    f"{source}: missing required field {keys[0]!r} for model_type {model_type!r}"
+                )
             return keys[0], default
 
         def size(*keys, default=None, minimum=1):
@@ -206,8 +217,9 @@ class EncoderConfig:
 
         pos_type = raw.get("position_embedding_type", "absolute") or "absolute"
         if pos_type != "absolute":
-            raise CheckpointError(f"{source}: position_embedding_type={pos_type!r} is not "
-                                  "supported (only 'absolute')")
+            raise CheckpointError(
+                f"{source}: position_embedding_type={pos_type!r} is not supported (only 'absolute')"
+            )
 
         if family == "distilbert":
             hidden = size("dim", "hidden_size")
@@ -233,22 +245,28 @@ class EncoderConfig:
                 num_layers=size("num_hidden_layers"),
                 num_heads=size("num_attention_heads"),
                 intermediate_size=size("intermediate_size"),
-                hidden_act=_activation(source, *need(
-                    "hidden_act", default="gelu_new" if family == "albert" else "gelu")),
+                hidden_act=_activation(
+                    source,
+                    *need("hidden_act", default="gelu_new" if family == "albert" else "gelu"),
+                ),
                 type_vocab_size=size("type_vocab_size", default=2, minimum=0),
                 layer_norm_eps=_positive_float(source, eps_key, eps),
             )
         pad = raw.get("pad_token_id")
-        pad = (1 if family == "roberta" else 0) if pad is None else \
-            _integer(source, "pad_token_id", pad, 0)
+        pad = (
+            (1 if family == "roberta" else 0)
+            if pad is None
+            else _integer(source, "pad_token_id", pad, 0)
+        )
 
         id2label = raw.get("id2label")
         if isinstance(id2label, dict):
             try:
                 id2label = {int(k): v for k, v in id2label.items()}
             except (TypeError, ValueError):
-                raise CheckpointError(f"{source}: id2label keys must be integers, got "
-                                      f"{list(id2label)!r}") from None
+                raise CheckpointError(
+                    f"{source}: id2label keys must be integers, got {list(id2label)!r}"
+                ) from None
         elif id2label is not None:
             raise CheckpointError(f"{source}: id2label must be a mapping, got {id2label!r}")
         num_labels = raw.get("num_labels")
@@ -270,7 +288,8 @@ class EncoderConfig:
             id2label=id2label,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
             summary_activation=normalize_activation(
-                raw.get("summary_activation"), what="summary_activation", heads=True),
+                raw.get("summary_activation"), what="summary_activation", heads=True
+            ),
             summary_use_proj=bool(raw.get("summary_use_proj", True)),
             raw=dict(raw),
             **kw,
@@ -280,26 +299,40 @@ class EncoderConfig:
 
     def validate(self, source: str = "config") -> None:
         """Consistency of the normalised fields (a :class:`CheckpointError` each)."""
-        for name in ("vocab_size", "hidden_size", "embedding_size", "num_layers", "num_heads",
-                     "intermediate_size", "max_position_embeddings", "num_hidden_groups",
-                     "inner_group_num"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "embedding_size",
+            "num_layers",
+            "num_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "num_hidden_groups",
+            "inner_group_num",
+        ):
             _integer(source, name, getattr(self, name), 1)
         _integer(source, "type_vocab_size", self.type_vocab_size, 0)
         if self.hidden_size % self.num_heads:
             raise CheckpointError(
                 f"{source}: hidden_size {self.hidden_size} is not divisible by "
-                f"num_attention_heads {self.num_heads} (each head must get the same width)")
+                f"num_attention_heads {self.num_heads} (each head must get the same width)"
+            )
         if self.family == "albert" and self.num_hidden_groups > self.num_layers:
-            raise CheckpointError(f"{source}: num_hidden_groups {self.num_hidden_groups} > "
-                                  f"num_hidden_layers {self.num_layers}")
+            raise CheckpointError(
+                f"{source}: num_hidden_groups {self.num_hidden_groups} > "
+                f"num_hidden_layers {self.num_layers}"
+            )
         _positive_float(source, "layer_norm_eps", self.layer_norm_eps)
         if not 0 <= self.pad_token_id < self.vocab_size:
-            raise CheckpointError(f"{source}: pad_token_id {self.pad_token_id} is outside the "
-                                  f"vocabulary [0, {self.vocab_size})")
+            raise CheckpointError(
+                f"{source}: pad_token_id {self.pad_token_id} is outside the "
+                f"vocabulary [0, {self.vocab_size})"
+            )
         if self.position_scheme == "roberta" and self.max_seq_len <= 0:
             raise CheckpointError(
                 f"{source}: max_position_embeddings {self.max_position_embeddings} leaves no "
-                f"positions after the padding offset")
+                f"positions after the padding offset"
+            )
 
 
 def _integer(source: str, field: str, value: Any, minimum: int) -> int:
@@ -317,8 +350,12 @@ def _integer(source: str, field: str, value: Any, minimum: int) -> int:
 
 
 def _positive_float(source: str, field: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise CheckpointError(f"{source}: {field} must be a positive number, got {value!r}")
     return float(value)
 
@@ -330,12 +367,13 @@ def _activation(source: str, field: str, value: Any) -> str:
         raise CheckpointError(f"{source}: {exc}") from None
 
 
-def _architectures(value: Any, source: str) -> Tuple[str, ...]:
+def _architectures(value: Any, source: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not all(isinstance(a, str) for a in value):
-        raise CheckpointError(f"{source}: architectures must be a list of class names, "
-                              f"got {value!r}")
+        raise CheckpointError(
+            f"{source}: architectures must be a list of class names, got {value!r}"
+        )
     return tuple(value)

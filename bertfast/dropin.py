@@ -31,12 +31,12 @@ bertfast's padding-free encoder, which reads the model's own weight tensors:
 
 ``undo(model)`` restores the original forward.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import inspect
 import warnings
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -50,8 +50,14 @@ from .outputs import EncoderOutput
 __all__ = ["optimize", "undo", "UnsupportedArgument"]
 
 #: Arguments bertfast's encoder implements.
-_SUPPORTED = {"input_ids", "attention_mask", "token_type_ids", "position_ids",
-              "output_hidden_states", "return_dict"}
+_SUPPORTED = {
+    "input_ids",
+    "attention_mask",
+    "token_type_ids",
+    "position_ids",
+    "output_hidden_states",
+    "return_dict",
+}
 
 
 #: What an optimized model returns at padded positions (``optimize(padded_positions=)``).
@@ -66,9 +72,14 @@ def _is_sentence_transformer(model) -> bool:
     return any(c.__name__ == "SentenceTransformer" for c in type(model).__mro__)
 
 
-def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
-             fallback: bool = True, cuda_graphs: Optional[bool] = None,
-             padded_positions: str = "zeros"):
+def optimize(
+    model,
+    backend: str = "auto",
+    dtype: torch.dtype | None = None,
+    fallback: bool = True,
+    cuda_graphs: bool | None = None,
+    padded_positions: str = "zeros",
+):
     """Make ``model`` run on bertfast and return it (the same object).
 
     ``model``: a transformers ``PreTrainedModel`` of a supported family (any head) or
@@ -91,12 +102,20 @@ def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
         for module in model.modules():
             inner = getattr(module, "auto_model", None)
             if inner is not None:
-                optimize(inner, backend=backend, dtype=dtype, fallback=fallback,
-                         cuda_graphs=cuda_graphs, padded_positions=padded_positions)
+                optimize(
+                    inner,
+                    backend=backend,
+                    dtype=dtype,
+                    fallback=fallback,
+                    cuda_graphs=cuda_graphs,
+                    padded_positions=padded_positions,
+                )
                 found = True
         if not found:
-            raise TypeError("this SentenceTransformer has no transformers module "
-                            "(no `auto_model`) for bertfast to optimize")
+            raise TypeError(
+                "this SentenceTransformer has no transformers module "
+                "(no `auto_model`) for bertfast to optimize"
+            )
         return model
 
     try:
@@ -104,13 +123,17 @@ def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
     except ImportError as exc:  # pragma: no cover
         raise ImportError("optimize() needs transformers installed") from exc
     if not isinstance(model, PreTrainedModel):
-        raise TypeError(f"optimize() takes a transformers PreTrainedModel or a "
-                        f"SentenceTransformer, got {type(model).__name__}")
+        raise TypeError(
+            f"optimize() takes a transformers PreTrainedModel or a "
+            f"SentenceTransformer, got {type(model).__name__}"
+        )
     if backend != "auto":
         from .ops import BACKEND_NAMES
+
         if backend not in BACKEND_NAMES:
-            raise ValueError(f"unknown backend {backend!r}; choose one of "
-                             f"{', '.join(('auto',) + BACKEND_NAMES)}")
+            raise ValueError(
+                f"unknown backend {backend!r}; choose one of {', '.join(('auto',) + BACKEND_NAMES)}"
+            )
 
     base = model.base_model
     if dtype is not None:
@@ -145,8 +168,15 @@ def undo(model):
 class _FastForward:
     """The replacement forward of one transformers encoder module."""
 
-    def __init__(self, base, cfg: EncoderConfig, backend: str, fallback: bool,
-                 cuda_graphs: Optional[bool], padded_positions: str = "zeros"):
+    def __init__(
+        self,
+        base,
+        cfg: EncoderConfig,
+        backend: str,
+        fallback: bool,
+        cuda_graphs: bool | None,
+        padded_positions: str = "zeros",
+    ):
         self.base = base
         self.padded_positions = padded_positions
         self.cuda_graphs = cuda_graphs
@@ -157,7 +187,7 @@ class _FastForward:
         self.signature = inspect.signature(self.original)
         self.output_cls = None
         self.output_fields = frozenset()
-        self.fast: Optional[BertfastModel] = None
+        self.fast: BertfastModel | None = None
         self._warned = set()
 
     # ----------------------------------------------------------- install
@@ -179,8 +209,9 @@ class _FastForward:
         device = self._anchor().device
         ids = torch.full((1, 2), 1, dtype=torch.long, device=device)
         with torch.no_grad():
-            out = self.original(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                return_dict=True)
+            out = self.original(
+                input_ids=ids, attention_mask=torch.ones_like(ids), return_dict=True
+            )
         return type(out)
 
     def _anchor(self) -> torch.Tensor:
@@ -192,8 +223,14 @@ class _FastForward:
         anchor = self._anchor()
         state = self.base.state_dict()
         items = ((key, (lambda t=t: t)) for key, t in state.items())
-        weights = convert(self.cfg, items, "base", dtype=anchor.dtype, device=anchor.device,
-                          source=type(self.base).__name__)
+        weights = convert(
+            self.cfg,
+            items,
+            "base",
+            dtype=anchor.dtype,
+            device=anchor.device,
+            source=type(self.base).__name__,
+        )
         params = dict(self.base.named_parameters(remove_duplicate=False))
         with torch.no_grad():
             for key in state:
@@ -205,23 +242,28 @@ class _FastForward:
                 if fused is None:
                     continue
                 n = fused.shape[0] // 3
-                params[key].data = fused[part * n:(part + 1) * n]
+                params[key].data = fused[part * n : (part + 1) * n]
         del state
         self.fast = BertfastModel(self.cfg, weights, head="base", backend=self.backend)
         if self.cuda_graphs is not False:
             self.fast.enable_cuda_graphs(self.cuda_graphs)
         # (parameter dict, name) of every parameter: checked per call without walking
         # the module tree (a module given a new Parameter shows in its dict).
-        self._param_slots = [(mod._parameters, name) for mod in self.base.modules()
-                             for name, p in mod._parameters.items() if p is not None]
+        self._param_slots = [
+            (mod._parameters, name)
+            for mod in self.base.modules()
+            for name, p in mod._parameters.items()
+            if p is not None
+        ]
         self._params_key = self._params_now()
         self._anchor_meta = (anchor.device, anchor.dtype)
 
     def _params_now(self):
         """Where every parameter of the module lives now (cheap: no data read; a
         cast or a move makes new storage too)."""
-        return [d[name].data_ptr() if d.get(name) is not None else 0
-                for d, name in self._param_slots]
+        return [
+            d[name].data_ptr() if d.get(name) is not None else 0 for d, name in self._param_slots
+        ]
 
     def _stale(self) -> bool:
         if torch.compiler.is_compiling():
@@ -229,14 +271,16 @@ class _FastForward:
             # inside a graph (the caller runs the model once eagerly first).
             a = self._anchor()
             if (a.device, a.dtype) != self._anchor_meta:
-                raise RuntimeError("bertfast.optimize: the model was moved or cast after "
-                                   "optimize(); call it once outside torch.compile (or "
-                                   "optimize() it again) before compiling")
+                raise RuntimeError(
+                    "bertfast.optimize: the model was moved or cast after "
+                    "optimize(); call it once outside torch.compile (or "
+                    "optimize() it again) before compiling"
+                )
             return False
         return self._params_now() != self._params_key
 
     # ----------------------------------------------------------- forward
-    def _why_fallback(self, args) -> Optional[str]:
+    def _why_fallback(self, args) -> str | None:
         if self.base.training:
             return "the model is in training mode (bertfast is inference-only; call .eval())"
         config = self.base.config
@@ -270,8 +314,10 @@ class _FastForward:
                 raise UnsupportedArgument(f"bertfast.optimize: {reason}")
             if reason not in self._warned:
                 self._warned.add(reason)
-                warnings.warn(f"bertfast: {reason}; running the original transformers "
-                              f"forward for such calls", stacklevel=2)
+                warnings.warn(
+                    f"bertfast: {reason}; running the original transformers forward for such calls",
+                    stacklevel=2,
+                )
             return self.original(*args, **kwargs)
         if self._stale():  # the user moved, cast or replaced parameters since optimize()
             self.rebuild()
@@ -284,18 +330,25 @@ class _FastForward:
         if return_dict is None:
             # config.return_dict is the supported spelling (transformers 5 deprecates
             # use_return_dict and logs a warning when it is read); TorchScript means tuples.
-            return_dict = bool(getattr(config, "return_dict", True)) and \
-                not getattr(config, "torchscript", False)
+            return_dict = bool(getattr(config, "return_dict", True)) and not getattr(
+                config, "torchscript", False
+            )
         mask = given.get("attention_mask")
-        if (self.padded_positions == "transformers" and isinstance(mask, torch.Tensor)
-                and bool((mask == 0).any())):
+        if (
+            self.padded_positions == "transformers"
+            and isinstance(mask, torch.Tensor)
+            and bool((mask == 0).any())
+        ):
             with torch.no_grad():
                 out = self._padded_forward(given, hidden)
         else:
-            out = self.fast(given.get("input_ids"), attention_mask=mask,
-                            token_type_ids=given.get("token_type_ids"),
-                            position_ids=given.get("position_ids"),
-                            output_hidden_states=hidden)
+            out = self.fast(
+                given.get("input_ids"),
+                attention_mask=mask,
+                token_type_ids=given.get("token_type_ids"),
+                position_ids=given.get("position_ids"),
+                output_hidden_states=hidden,
+            )
         fields = {"last_hidden_state": out.last_hidden_state}
         if "pooler_output" in self.output_fields:
             fields["pooler_output"] = out.get("pooler_output")
@@ -303,7 +356,6 @@ class _FastForward:
             fields["hidden_states"] = out.hidden_states
         result = self.output_cls(**fields)
         return result if return_dict else result.to_tuple()
-
 
     def _padded_forward(self, given, hidden: bool) -> EncoderOutput:
         """``padded_positions="transformers"`` on a batch with padding: the encoder on
@@ -315,13 +367,14 @@ class _FastForward:
         fast = self.fast
         cfg = fast.config
         ids = given.get("input_ids")
-        mask, types, pos = fast._prepare(ids, given.get("attention_mask"),
-                                         given.get("token_type_ids"), given.get("position_ids"))
+        mask, types, pos = fast._prepare(
+            ids, given.get("attention_mask"), given.get("token_type_ids"), given.get("position_ids")
+        )
         h = fast._embed(ids, pos, types)
         states = [h] if hidden else None
         bias = torch.zeros(mask.shape, dtype=torch.float32, device=h.device)
         bias = bias.masked_fill(mask == 0, torch.finfo(h.dtype).min)[:, None, None, :]
-        nh, scale = cfg.num_heads, cfg.head_dim ** -0.5
+        nh, scale = cfg.num_heads, cfg.head_dim**-0.5
 
         def attend(qkv: torch.Tensor) -> torch.Tensor:
             B, S, H3 = qkv.shape

@@ -12,12 +12,13 @@ When the checkpoint is a sentence-transformers folder, its configuration decides
 A plain Hugging Face folder gets mean pooling, no normalisation and the model's own
 length limit. Pooling reads real tokens only (the attention mask), in fp32.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -61,13 +62,15 @@ def default_checkpoint() -> Path:
     if not (path / "config.json").is_file():
         raise CheckpointError(
             f"the '{DEFAULT_CHECKPOINT_PACKAGE}' package is installed but its model folder "
-            f"{path} has no config.json; reinstall it")
+            f"{path} has no config.json; reinstall it"
+        )
     return path
 
 
 # ---------------------------------------------------------------- pooling
-def pool(hidden: torch.Tensor, attention_mask: torch.Tensor,
-         modes: Union[str, Sequence[str]] = "mean") -> torch.Tensor:
+def pool(
+    hidden: torch.Tensor, attention_mask: torch.Tensor, modes: str | Sequence[str] = "mean"
+) -> torch.Tensor:
     """Pool ``hidden [B,S,H]`` over real tokens (``attention_mask [B,S]`` != 0), in fp32.
 
     Several modes are concatenated along the last dim. A row without any real token
@@ -85,7 +88,11 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor,
             out.append(hidden[:, 0])
         elif mode == "max":
             filled = hidden.masked_fill(~mask.unsqueeze(-1), float("-inf"))
-            best = filled.amax(dim=1) if hidden.shape[1] else hidden.new_zeros(hidden.shape[0], hidden.shape[2])
+            best = (
+                filled.amax(dim=1)
+                if hidden.shape[1]
+                else hidden.new_zeros(hidden.shape[0], hidden.shape[2])
+            )
             out.append(torch.where(torch.isinf(best) & (best < 0), torch.zeros_like(best), best))
         elif mode in ("mean", "mean_sqrt_len"):
             summed = (hidden * maskf).sum(dim=1)
@@ -98,8 +105,10 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor,
             out.append((hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9))
         elif mode == "lasttoken":
             last = (lengths.squeeze(1).long() - 1).clamp(min=0)
-            out.append(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-                       * (lengths > 0).to(hidden.dtype))
+            out.append(
+                hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+                * (lengths > 0).to(hidden.dtype)
+            )
         else:
             raise ValueError(f"unknown pooling mode {mode!r}; expected one of {POOLING_MODES}")
     return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
@@ -110,9 +119,9 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor,
 class SentenceConfig:
     """What a checkpoint's sentence-transformers files ask for."""
 
-    pooling: Tuple[str, ...] = ("mean",)
+    pooling: tuple[str, ...] = ("mean",)
     normalize: bool = False
-    max_seq_length: Optional[int] = None
+    max_seq_length: int | None = None
     is_sentence_transformers: bool = False
 
 
@@ -124,7 +133,7 @@ def _load_json(path: Path):
         raise CheckpointError(f"cannot read {path}: {exc}") from exc
 
 
-def read_sentence_config(path: Union[str, Path]) -> SentenceConfig:
+def read_sentence_config(path: str | Path) -> SentenceConfig:
     path = Path(path)
     cfg = SentenceConfig()
     modules_file = path / "modules.json"
@@ -137,7 +146,8 @@ def read_sentence_config(path: Union[str, Path]) -> SentenceConfig:
         if unsupported:
             raise CheckpointError(
                 f"{modules_file} uses sentence-transformers modules bertfast does not run: "
-                f"{unsupported} (supported: Transformer, Pooling, Normalize)")
+                f"{unsupported} (supported: Transformer, Pooling, Normalize)"
+            )
         for module in modules:
             kind = module.get("type")
             if kind == _ST + "Normalize":
@@ -154,13 +164,18 @@ def read_sentence_config(path: Union[str, Path]) -> SentenceConfig:
     return cfg
 
 
-def _read_pooling(file: Path) -> Tuple[str, ...]:
+def _read_pooling(file: Path) -> tuple[str, ...]:
     data = _load_json(file)
     if "pooling_mode" in data and isinstance(data["pooling_mode"], str):
         # Older configs name one mode as a string.
-        name = {"cls": "cls", "max": "max", "mean": "mean", "lasttoken": "lasttoken",
-                "weightedmean": "weightedmean", "mean_sqrt_len_tokens": "mean_sqrt_len"}.get(
-                    data["pooling_mode"])
+        name = {
+            "cls": "cls",
+            "max": "max",
+            "mean": "mean",
+            "lasttoken": "lasttoken",
+            "weightedmean": "weightedmean",
+            "mean_sqrt_len_tokens": "mean_sqrt_len",
+        }.get(data["pooling_mode"])
         if name is None:
             raise CheckpointError(f"{file}: unknown pooling_mode {data['pooling_mode']!r}")
         return (name,)
@@ -173,14 +188,15 @@ def _read_pooling(file: Path) -> Tuple[str, ...]:
     return tuple(m for m in POOLING_MODES if m in modes)
 
 
-def token_budget_batches(lengths: Sequence[int], order: Sequence[int], batch_size: int,
-                         max_tokens: Optional[int]) -> List[List[int]]:
+def token_budget_batches(
+    lengths: Sequence[int], order: Sequence[int], batch_size: int, max_tokens: int | None
+) -> list[list[int]]:
     """Cut ``order`` (sorted longest first, ``lengths`` in the same order) into
     batches of at most ``batch_size`` items and ``max_tokens`` padded tokens (items x
     the batch's first, i.e. longest, length). A single item longer than the budget
     still forms its own batch."""
-    batches: List[List[int]] = []
-    current: List[int] = []
+    batches: list[list[int]] = []
+    current: list[int] = []
     longest = 0
     for length, item in zip(lengths, order):
         if current:
@@ -197,12 +213,14 @@ def token_budget_batches(lengths: Sequence[int], order: Sequence[int], batch_siz
     return batches
 
 
-def _check_texts(texts) -> Tuple[List[str], bool]:
+def _check_texts(texts) -> tuple[list[str], bool]:
     """Returns (list of texts, whether the input was a single string)."""
     if isinstance(texts, str):
         return [texts], True
     if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable):
-        raise TypeError(f"texts must be a string or a sequence of strings, not {type(texts).__name__}")
+        raise TypeError(
+            f"texts must be a string or a sequence of strings, not {type(texts).__name__}"
+        )
     texts = list(texts)
     for i, text in enumerate(texts):
         if not isinstance(text, str):
@@ -218,9 +236,15 @@ class Embedder:
     (2, 384)
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Tokenizer,
-                 pooling: Sequence[str] = ("mean",), normalize: bool = False,
-                 max_length: Optional[int] = None, dim: Optional[int] = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer,
+        pooling: Sequence[str] = ("mean",),
+        normalize: bool = False,
+        max_length: int | None = None,
+        dim: int | None = None,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.pooling = tuple(pooling)
@@ -235,9 +259,14 @@ class Embedder:
 
     # ------------------------------------------------------------ loading
     @classmethod
-    def from_pretrained(cls, path: Optional[Union[str, Path]] = None, device="cpu",
-                        dtype: torch.dtype = torch.float32, backend: str = "auto",
-                        max_length: Optional[int] = None) -> "Embedder":
+    def from_pretrained(
+        cls,
+        path: str | Path | None = None,
+        device="cpu",
+        dtype: torch.dtype = torch.float32,
+        backend: str = "auto",
+        max_length: int | None = None,
+    ) -> Embedder:
         """Load a checkpoint folder (default: :func:`default_checkpoint`).
 
         Raises what :func:`bertfast.from_pretrained` raises for the same mistake
@@ -264,8 +293,13 @@ class Embedder:
         # The bare encoder: sentence vectors need no task head.
         model = from_pretrained(path, device=device, dtype=dtype, backend=backend, head="base")
         model.eval()
-        return cls(model, tokenizer, pooling=sentence.pooling, normalize=sentence.normalize,
-                   max_length=max_length)
+        return cls(
+            model,
+            tokenizer,
+            pooling=sentence.pooling,
+            normalize=sentence.normalize,
+            max_length=max_length,
+        )
 
     @property
     def device(self) -> torch.device:
@@ -275,20 +309,29 @@ class Embedder:
             return torch.device("cpu")
 
     # ------------------------------------------------------------ encoding
-    def embed_batch(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+    def embed_batch(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Pooled fp32 vectors ``[B, dim]`` for one tokenised batch (no normalisation)."""
         device = self.device
         batch = {k: v.to(device) for k, v in batch.items()}
         # Families without token-type embeddings (DistilBERT) take none.
-        types = batch["token_type_ids"] if getattr(self.model.config, "type_vocab_size", 1) else None
+        types = (
+            batch["token_type_ids"] if getattr(self.model.config, "type_vocab_size", 1) else None
+        )
         with torch.inference_mode():
-            out = self.model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                             token_type_ids=types)
+            out = self.model(
+                batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=types
+            )
             return pool(out.last_hidden_state, batch["attention_mask"], self.pooling)
 
-    def encode(self, texts: Union[str, Sequence[str]], batch_size: int = 32,
-               normalize: Optional[bool] = None, convert_to: str = "numpy",
-               show_progress: Optional[bool] = None, max_tokens: Optional[int] = 16384):
+    def encode(
+        self,
+        texts: str | Sequence[str],
+        batch_size: int = 32,
+        normalize: bool | None = None,
+        convert_to: str = "numpy",
+        show_progress: bool | None = None,
+        max_tokens: int | None = 16384,
+    ):
         """Sentence vectors, fp32, in input order.
 
         ``texts``: a string (-> one vector ``[dim]``) or a sequence of strings
@@ -321,10 +364,16 @@ class Embedder:
 
         from tqdm.auto import tqdm
 
-        with tqdm(total=len(items), disable=not show_progress, unit="text",
-                  desc="encoding", dynamic_ncols=True) as bar:
-            for index in token_budget_batches([len(items[i][0]) for i in order], order,
-                                              batch_size, max_tokens):
+        with tqdm(
+            total=len(items),
+            disable=not show_progress,
+            unit="text",
+            desc="encoding",
+            dynamic_ncols=True,
+        ) as bar:
+            for index in token_budget_batches(
+                [len(items[i][0]) for i in order], order, batch_size, max_tokens
+            ):
                 batch = self.tokenizer.collate([items[i] for i in index])
                 vectors = self.embed_batch(batch)
                 if normalize:
@@ -339,5 +388,7 @@ class Embedder:
         return result
 
     def __repr__(self) -> str:
-        return (f"Embedder(dim={self.dim}, pooling={'+'.join(self.pooling)}, "
-                f"normalize={self.normalize}, max_length={self.max_length}, device={self.device})")
+        return (
+            f"Embedder(dim={self.dim}, pooling={'+'.join(self.pooling)}, "
+            f"normalize={self.normalize}, max_length={self.max_length}, device={self.device})"
+        )

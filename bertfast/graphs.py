@@ -21,12 +21,12 @@ the launches saved; larger batches run the padding-free eager path.
 Turned on by ``from_pretrained(..., cuda_graphs=True)`` (default: on for CUDA
 devices; ``BERTFAST_CUDA_GRAPHS=0`` turns it off globally).
 """
+
 from __future__ import annotations
 
 import bisect
 import os
 import threading
-from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -47,7 +47,7 @@ def graphs_enabled(requested, device: torch.device) -> bool:
     return bool(requested)
 
 
-def bucket(batch: int, seqlen: int, max_seq: int) -> Optional[Tuple[int, int]]:
+def bucket(batch: int, seqlen: int, max_seq: int) -> tuple[int, int] | None:
     """Smallest (batch, seq) bucket holding the input, or None if it is too large."""
     bi = bisect.bisect_left(BATCH_BUCKETS, batch)
     si = bisect.bisect_left(SEQ_BUCKETS, seqlen)
@@ -65,8 +65,11 @@ class _Entry:
         self.ids = torch.zeros(b, s, dtype=torch.long, device=dev)
         self.mask = torch.zeros(b, s, dtype=torch.int32, device=dev)
         self.pos = torch.zeros(b, s, dtype=torch.long, device=dev)
-        self.types = (torch.zeros(b, s, dtype=torch.long, device=dev)
-                      if model.config.has_token_types else None)
+        self.types = (
+            torch.zeros(b, s, dtype=torch.long, device=dev)
+            if model.config.has_token_types
+            else None
+        )
         self.model = model
         self.graph = None
         self.out = None
@@ -87,8 +90,7 @@ class _Entry:
 
     def __call__(self, ids, mask, types, pos) -> torch.Tensor:
         B, S = ids.shape
-        for dst, src in ((self.ids, ids), (self.mask, mask), (self.pos, pos),
-                         (self.types, types)):
+        for dst, src in ((self.ids, ids), (self.mask, mask), (self.pos, pos), (self.types, types)):
             if dst is None:
                 continue
             dst.zero_()
@@ -107,12 +109,12 @@ class GraphCache:
     def __init__(self, model, capture: bool = True):
         self.model = model
         self.capture = capture
-        self.entries: Dict[Tuple[int, int], _Entry] = {}
+        self.entries: dict[tuple[int, int], _Entry] = {}
         self.captures = 0
         self._pool = torch.cuda.graph_pool_handle() if capture else None
         self._lock = threading.Lock()
 
-    def run(self, ids, mask, types, pos) -> Optional[torch.Tensor]:
+    def run(self, ids, mask, types, pos) -> torch.Tensor | None:
         """``[B, S, H]`` last hidden state (zeros at padded positions), or None when
         the input has no bucket (the caller then runs the eager path)."""
         if self.capture and torch.cuda.is_current_stream_capturing():

@@ -52,9 +52,10 @@ GEMM's epilogue), so the masked-LM decoder, the largest GEMM of any head, runs o
 the same GEMM as the encoder. The one plain torch op is the masked-LM LayerNorm
 (there is no residual to fuse it with).
 """
+
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -67,8 +68,18 @@ from .ops.reference import ACTIVATIONS
 from .ops.reference import activation as reference_activation
 from .outputs import EncoderOutput
 
-__all__ = ["HEADS", "resolve_head", "head_weight_specs", "activation", "build_head", "Head",
-           "HeadInput", "dense", "pool", "first_tokens"]
+__all__ = [
+    "HEADS",
+    "resolve_head",
+    "head_weight_specs",
+    "activation",
+    "build_head",
+    "Head",
+    "HeadInput",
+    "dense",
+    "pool",
+    "first_tokens",
+]
 
 HEADS = (
     "base",
@@ -108,7 +119,7 @@ def head_from_architectures(cfg: EncoderConfig) -> str:
     return "base"
 
 
-def resolve_head(cfg: EncoderConfig, head: Optional[str]) -> str:
+def resolve_head(cfg: EncoderConfig, head: str | None) -> str:
     """The head to run: ``head`` if given (validated against the family), else from
     ``architectures``."""
     if head is None:
@@ -127,13 +138,16 @@ def resolve_head(cfg: EncoderConfig, head: Optional[str]) -> str:
     if head == "multiple_choice" and fam == "electra":
         summary = cfg.raw.get("summary_type", "first")
         if summary != "first":
-            raise ValueError(f"ELECTRA multiple choice with summary_type={summary!r} is not "
-                             "supported (only 'first')")
+            raise ValueError(
+                f"ELECTRA multiple choice with summary_type={summary!r} is not "
+                "supported (only 'first')"
+            )
     if head == "pretraining" and fam == "electra":
         head = "electra_discriminator"
     if head == "electra_discriminator" and fam != "electra":
-        raise ValueError(f"head 'electra_discriminator' exists only for ELECTRA, "
-                         f"not {cfg.model_type}")
+        raise ValueError(
+            f"head 'electra_discriminator' exists only for ELECTRA, not {cfg.model_type}"
+        )
     return head
 
 
@@ -143,12 +157,12 @@ def _summary_width(cfg: EncoderConfig) -> int:
     return cfg.hidden_size
 
 
-def head_weight_specs(cfg: EncoderConfig, head: str) -> Tuple[Dict[str, tuple], Dict[str, tuple]]:
+def head_weight_specs(cfg: EncoderConfig, head: str) -> tuple[dict[str, tuple], dict[str, tuple]]:
     """``(required, optional)``: canonical head weight names -> expected shapes."""
     H, E, V = cfg.hidden_size, cfg.embedding_size, cfg.vocab_size
     fam = cfg.family
-    req: Dict[str, tuple] = {}
-    opt: Dict[str, tuple] = {}
+    req: dict[str, tuple] = {}
+    opt: dict[str, tuple] = {}
 
     def lin(d, name, out, inp, bias=True):
         d[f"{name}.weight"] = (out, inp)
@@ -218,10 +232,10 @@ def head_weight_specs(cfg: EncoderConfig, head: str) -> Tuple[Dict[str, tuple], 
 
 # ------------------------------------------------------------------------ modules
 #: canonical weight name -> tensor, or None when the checkpoint has no such weight
-Weights = Callable[[str], Optional[torch.Tensor]]
+Weights = Callable[[str], torch.Tensor | None]
 
 
-def activation(x: torch.Tensor, kind: Optional[str]) -> torch.Tensor:
+def activation(x: torch.Tensor, kind: str | None) -> torch.Tensor:
     """The encoder's activations (``ops.reference.activation``) plus the heads' own
     ``tanh`` and ``identity`` (ELECTRA's sequence summary); ``None`` is identity."""
     if kind == "tanh":
@@ -244,8 +258,9 @@ def first_tokens(tokens: torch.Tensor, info: PackInfo) -> torch.Tensor:
     return first.masked_fill((info.lengths == 0)[:, None], 0)
 
 
-def dense(weight: Weights, name: str, x: torch.Tensor, act: Optional[str] = None,
-          backend: str = "auto") -> torch.Tensor:
+def dense(
+    weight: Weights, name: str, x: torch.Tensor, act: str | None = None, backend: str = "auto"
+) -> torch.Tensor:
     """``act(x @ W.T + b)`` for the head layer ``name`` (``name.weight``,
     ``name.bias``) through bertfast's ops: the activations the kernels implement
     (gelu, gelu_tanh, relu) run in the GEMM's epilogue (``ops.linear_gelu``); the
@@ -270,9 +285,15 @@ class HeadInput:
     pooler over it, None without pooler weights) are computed on first use.
     """
 
-    def __init__(self, tokens: torch.Tensor, info: PackInfo, weight: Weights,
-                 unpack: Callable[[torch.Tensor], torch.Tensor], backend: str = "auto",
-                 num_choices: Optional[int] = None):
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        info: PackInfo,
+        weight: Weights,
+        unpack: Callable[[torch.Tensor], torch.Tensor],
+        backend: str = "auto",
+        num_choices: int | None = None,
+    ):
         self.tokens = tokens
         self.info = info
         self.weight = weight
@@ -298,14 +319,15 @@ class HeadInput:
         return self._once("first", lambda: first_tokens(self.tokens, self.info))
 
     @property
-    def pooled(self) -> Optional[torch.Tensor]:
+    def pooled(self) -> torch.Tensor | None:
         def compute():
             if self.weight("pooler.weight") is None:
                 return None
             return pool(self.weight, self.first, self.backend).masked_fill(self.empty_rows, 0)
+
         return self._once("pooled", compute)
 
-    def dense(self, name: str, x: torch.Tensor, act: Optional[str] = None) -> torch.Tensor:
+    def dense(self, name: str, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
         return dense(self.weight, name, x, act, self.backend)
 
 
@@ -364,8 +386,13 @@ class MaskedLMHead(Head):
     def run(self, inp, out):
         x = inp.dense("mlm.dense", inp.tokens, self.act)
         # A plain LayerNorm (no residual to fuse): torch's.
-        x = F.layer_norm(x, (x.shape[-1],), inp.weight("mlm.ln.weight"),
-                         inp.weight("mlm.ln.bias"), self.cfg.layer_norm_eps)
+        x = F.layer_norm(
+            x,
+            (x.shape[-1],),
+            inp.weight("mlm.ln.weight"),
+            inp.weight("mlm.ln.bias"),
+            self.cfg.layer_norm_eps,
+        )
         setattr(out, self.field, inp.unpack(inp.dense("mlm.decoder", x)))
 
 
@@ -393,7 +420,8 @@ class PretrainingHead(Head):
         super().__init__(cfg)
         self.mlm = MaskedLMHead(cfg, "prediction_logits")
         self.pair = SentencePairHead(
-            cfg, "seq_relationship_logits" if cfg.family == "bert" else "sop_logits")
+            cfg, "seq_relationship_logits" if cfg.family == "bert" else "sop_logits"
+        )
 
     def run(self, inp, out):
         self.mlm.run(inp, out)
@@ -426,9 +454,11 @@ class MultipleChoiceHead(Head):
 
     def flatten_inputs(self, input_ids, attention_mask, token_type_ids, position_ids):
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 3:
-            raise ValueError("the multiple_choice head takes input_ids of shape "
-                             "[batch, num_choices, seq_len], got "
-                             f"{tuple(getattr(input_ids, 'shape', ()))}")
+            raise ValueError(
+                "the multiple_choice head takes input_ids of shape "
+                "[batch, num_choices, seq_len], got "
+                f"{tuple(getattr(input_ids, 'shape', ()))}"
+            )
         B, C, S = input_ids.shape
 
         def flat(t, name):
@@ -438,13 +468,20 @@ class MultipleChoiceHead(Head):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() == 3:
                 if tuple(t.shape) != (B, C, S):
-                    raise ValueError(f"{name} has shape {tuple(t.shape)}, expected "
-                                     f"{(B, C, S)} (the shape of input_ids)")
+                    raise ValueError(
+                        f"{name} has shape {tuple(t.shape)}, expected "
+                        f"{(B, C, S)} (the shape of input_ids)"
+                    )
                 return t.reshape(B * C, S)
             return t  # the encoder's [B, S] checks report the shape error
 
-        return (input_ids.reshape(B * C, S), flat(attention_mask, "attention_mask"),
-                flat(token_type_ids, "token_type_ids"), flat(position_ids, "position_ids"), C)
+        return (
+            input_ids.reshape(B * C, S),
+            flat(attention_mask, "attention_mask"),
+            flat(token_type_ids, "token_type_ids"),
+            flat(position_ids, "position_ids"),
+            C,
+        )
 
     def scores(self, inp: HeadInput) -> torch.Tensor:
         cfg = self.cfg

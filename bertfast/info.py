@@ -1,14 +1,13 @@
 """What this installation can run: the native build's contents and each backend's status."""
-from __future__ import annotations
 
-from typing import Dict, Optional
+from __future__ import annotations
 
 import torch
 
 from .ops.dispatch import backend_status
 
 
-def build_info() -> Dict[str, object]:
+def build_info() -> dict[str, object]:
     """What ``bertfast._C`` was built with, or why it is missing."""
     try:
         from . import _C
@@ -21,7 +20,7 @@ def build_info() -> Dict[str, object]:
     return info
 
 
-def backends() -> Dict[str, Dict[str, Optional[str]]]:
+def backends() -> dict[str, dict[str, str | None]]:
     """For each device type, each backend: ``None`` if usable, else the reason why not."""
     out = {"cpu": backend_status("cpu")}
     if torch.cuda.is_available():

@@ -29,20 +29,20 @@ Padding: outputs at padded positions are zero. A row whose attention mask is all
 zeros has no real token: all its outputs (hidden states, pooler output, logits) are
 zero. Poolers and first-token heads read each row's first *real* token.
 """
+
 from __future__ import annotations
 
 import contextlib
 import re
-from typing import Dict, Optional
 
 import torch
 from torch import nn
 
 from . import heads as H
 from . import ops
-from .ops import cpu_weights as _cpu_weights
 from .checkpoint import encoder_weight_specs, load_checkpoint
 from .config import EncoderConfig
+from .ops import cpu_weights as _cpu_weights
 from .outputs import EncoderOutput
 from .validate import checkpoint_folder, load_options
 
@@ -110,8 +110,14 @@ class BertfastModel(nn.Module):
     logits). Poolers and classification heads read each row's first real token.
     """
 
-    def __init__(self, config: EncoderConfig, weights: Dict[str, torch.Tensor],
-                 head: str = "base", backend: str = "auto", own_weights: bool = False):
+    def __init__(
+        self,
+        config: EncoderConfig,
+        weights: dict[str, torch.Tensor],
+        head: str = "base",
+        backend: str = "auto",
+        own_weights: bool = False,
+    ):
         """``own_weights=True`` (what ``from_pretrained`` passes): the tensors in
         ``weights`` belong to this model alone, so on CPU in fp32, where the C++ GEMM
         runs the linear layers, they are packed once and kept only packed (see
@@ -128,8 +134,10 @@ class BertfastModel(nn.Module):
             raise ValueError(f"BertfastModel: missing weight(s) {', '.join(missing)}")
         for name, shape in required.items():
             if tuple(weights[name].shape) != tuple(shape):
-                raise ValueError(f"BertfastModel: weight {name} has shape "
-                                 f"{tuple(weights[name].shape)}, expected {tuple(shape)}")
+                raise ValueError(
+                    f"BertfastModel: weight {name} has shape "
+                    f"{tuple(weights[name].shape)}, expected {tuple(shape)}"
+                )
         for name, tensor in weights.items():
             _attach(self, name, tensor)
         # The head module, chosen once here; it holds no weights (it reads them by name).
@@ -145,8 +153,11 @@ class BertfastModel(nn.Module):
         """(name, tensor) of the linear-layer weights; a weight tied to an embedding
         table (the MLM decoder, usually) stays plain with it."""
         params = list(self.named_parameters(remove_duplicate=False))
-        tables = {p.untyped_storage().data_ptr() for n, p in params
-                  if _TABLES.match(n) and not _cpu_weights.is_packed(p)}
+        tables = {
+            p.untyped_storage().data_ptr()
+            for n, p in params
+            if _TABLES.match(n) and not _cpu_weights.is_packed(p)
+        }
         for name, p in params:
             if p.dim() != 2 or _TABLES.match(name):
                 continue
@@ -166,7 +177,7 @@ class BertfastModel(nn.Module):
                 seen[key] = _cpu_weights.PackedWeight.of(p)
             _attach(self, name, seen[key])
 
-    def unpack_weights(self) -> "BertfastModel":
+    def unpack_weights(self) -> BertfastModel:
         """Make every packed weight a plain, writable tensor again (still one copy)
         and stop packing until :meth:`refresh`. Edit the weights in any way
         (``.data[...] =``, ``copy_`` under ``no_grad``, NumPy views,
@@ -180,7 +191,7 @@ class BertfastModel(nn.Module):
                 _attach(self, name, seen[id(p._packed)])
         return self
 
-    def refresh(self) -> "BertfastModel":
+    def refresh(self) -> BertfastModel:
         """Re-read the model's weights after editing them: packs the CPU fp32
         linear weights again (a model ``from_pretrained`` loaded; see
         :meth:`unpack_weights`) and drops captured CUDA graphs, which hold the
@@ -208,7 +219,9 @@ class BertfastModel(nn.Module):
         """Bytes held by the model's tensors (parameters and buffers, shared storage
         counted once; packed weights by their panels)."""
         seen, total = set(), 0
-        for t in [p for _, p in self.named_parameters(remove_duplicate=False)] + list(self.buffers()):
+        for t in [p for _, p in self.named_parameters(remove_duplicate=False)] + list(
+            self.buffers()
+        ):
             packed = getattr(t, "_packed", None) if _cpu_weights.is_packed(t) else None
             key = id(packed) if packed is not None else t.untyped_storage().data_ptr()
             if key not in seen:
@@ -235,7 +248,7 @@ class BertfastModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embeddings.word.dtype
 
-    def _w(self, name: str) -> Optional[torch.Tensor]:
+    def _w(self, name: str) -> torch.Tensor | None:
         mod = self
         *path, leaf = name.split(".")
         for part in path:
@@ -250,8 +263,10 @@ class BertfastModel(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.config
-        return (f"model_type={c.model_type}, head={self.head}, layers={c.num_layers}, "
-                f"hidden={c.hidden_size}, heads={c.num_heads}, backend={self.backend!r}")
+        return (
+            f"model_type={c.model_type}, head={self.head}, layers={c.num_layers}, "
+            f"hidden={c.hidden_size}, heads={c.num_heads}, backend={self.backend!r}"
+        )
 
     # ------------------------------------------------------------ validation
     def _check_ids(self, name: str, t, shape):
@@ -261,17 +276,20 @@ class BertfastModel(nn.Module):
         if t.dtype not in _INT_DTYPES:
             raise TypeError(f"{name} must hold integer ids, got dtype {t.dtype}")
         if shape is not None and tuple(t.shape) != tuple(shape):
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} "
-                             f"(the shape of input_ids)")
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)} "
+                f"(the shape of input_ids)"
+            )
         if not _same_device(t.device, self.device):
-            raise ValueError(f"{name} is on {t.device} but the model is on {self.device}; "
-                             f"move the inputs with .to({str(self.device)!r})")
+            raise ValueError(
+                f"{name} is on {t.device} but the model is on {self.device}; "
+                f"move the inputs with .to({str(self.device)!r})"
+            )
 
     def _prepare(self, input_ids, attention_mask, token_type_ids, position_ids):
         """Validated ``(attention_mask, token_type_ids, position_ids)`` (see
         ``_prepare_counted``)."""
-        return self._prepare_counted(input_ids, attention_mask, token_type_ids,
-                                     position_ids)[:3]
+        return self._prepare_counted(input_ids, attention_mask, token_type_ids, position_ids)[:3]
 
     def _prepare_counted(self, input_ids, attention_mask, token_type_ids, position_ids):
         """Validate the inputs and fill in the defaults; returns ``(mask, token types or
@@ -290,8 +308,9 @@ class BertfastModel(nn.Module):
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
         if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [batch, seq_len], got shape "
-                             f"{tuple(input_ids.shape)}")
+            raise ValueError(
+                f"input_ids must be [batch, seq_len], got shape {tuple(input_ids.shape)}"
+            )
         B, S = input_ids.shape
         if B == 0 or S == 0:
             raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
@@ -301,14 +320,19 @@ class BertfastModel(nn.Module):
             attention_mask = torch.ones(B, S, dtype=torch.int32, device=input_ids.device)
         else:
             if not isinstance(attention_mask, torch.Tensor):
-                raise TypeError(f"attention_mask must be a torch.Tensor, got "
-                                f"{type(attention_mask).__name__}")
+                raise TypeError(
+                    f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}"
+                )
             if tuple(attention_mask.shape) != (B, S):
-                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, "
-                                 f"expected {(B, S)} (the shape of input_ids)")
+                raise ValueError(
+                    f"attention_mask has shape {tuple(attention_mask.shape)}, "
+                    f"expected {(B, S)} (the shape of input_ids)"
+                )
             if not _same_device(attention_mask.device, self.device):
-                raise ValueError(f"attention_mask is on {attention_mask.device} but the model "
-                                 f"is on {self.device}")
+                raise ValueError(
+                    f"attention_mask is on {attention_mask.device} but the model "
+                    f"is on {self.device}"
+                )
             if attention_mask.is_complex():
                 raise TypeError("attention_mask must be a real (bool/int/float) tensor")
 
@@ -320,19 +344,23 @@ class BertfastModel(nn.Module):
                 if lo < 0 or hi >= limit:
                     bad = lo if lo < 0 else hi
                     raise IndexError(f"{name} contains {bad}, outside [0, {limit}) ({what})")
+
             pending.append((torch.aminmax(t), check))
 
         in_range("input_ids", input_ids, cfg.vocab_size, "vocabulary size")
         if token_type_ids is not None:
             self._check_ids("token_type_ids", token_type_ids, (B, S))
             if cfg.has_token_types:
-                in_range("token_type_ids", token_type_ids, cfg.type_vocab_size,
-                         "type_vocab_size")
+                in_range("token_type_ids", token_type_ids, cfg.type_vocab_size, "type_vocab_size")
             else:
+
                 def all_zero(nonzero):
                     if nonzero:
-                        raise ValueError(f"{cfg.model_type} has no token type embeddings: "
-                                         f"token_type_ids must be omitted or all zero")
+                        raise ValueError(
+                            f"{cfg.model_type} has no token type embeddings: "
+                            f"token_type_ids must be omitted or all zero"
+                        )
+
                 pending.append((((token_type_ids != 0).any(),), all_zero))
                 token_type_ids = None
         if cfg.has_token_types and token_type_ids is None:
@@ -344,15 +372,19 @@ class BertfastModel(nn.Module):
             if isinstance(position_ids, torch.Tensor) and tuple(position_ids.shape) == (1, S):
                 position_ids = position_ids.expand(B, S)
             self._check_ids("position_ids", position_ids, (B, S))
-            in_range("position_ids", position_ids, cfg.max_position_embeddings,
-                     "max_position_embeddings")
+            in_range(
+                "position_ids", position_ids, cfg.max_position_embeddings, "max_position_embeddings"
+            )
         else:
+
             def fits(top):
                 if top >= cfg.max_position_embeddings:
                     raise ValueError(
                         f"sequence of {S} tokens needs position id {top}, but "
                         f"max_position_embeddings is {cfg.max_position_embeddings} "
-                        f"(at most {cfg.max_seq_len} tokens for {cfg.model_type})")
+                        f"(at most {cfg.max_seq_len} tokens for {cfg.model_type})"
+                    )
+
             if cfg.position_scheme == "roberta":
                 real = input_ids.ne(cfg.pad_token_id).long()
                 position_ids = torch.cumsum(real, 1) * real + cfg.pad_token_id
@@ -370,7 +402,7 @@ class BertfastModel(nn.Module):
         values = torch.stack([t.to(torch.int64) for t in scalars]).tolist()
         at = 0
         for tensors, check in pending:
-            check(*values[at:at + len(tensors)])
+            check(*values[at : at + len(tensors)])
             at += len(tensors)
         total, longest = values[at:]
         return attention_mask, token_type_ids, position_ids, (keep, lengths, total, longest)
@@ -389,18 +421,28 @@ class BertfastModel(nn.Module):
         return ops.pack_tokens(x, info.indices, backend=self.backend, validate=False)
 
     def _unpack(self, x: torch.Tensor, info) -> torch.Tensor:
-        out = ops.unpack_tokens(x, info.indices, info.batch * info.seqlen, backend=self.backend,
-                                validate=False)
+        out = ops.unpack_tokens(
+            x, info.indices, info.batch * info.seqlen, backend=self.backend, validate=False
+        )
         return out.view(info.batch, info.seqlen, *x.shape[1:])
 
     # ---------------------------------------------------------------- encoder
     def _embed(self, ids, pos, types):
         cfg = self.config
         emb = self.embeddings
-        h = ops.embed_layernorm(ids, pos, types, emb.word, emb.position,
-                                getattr(emb, "token_type", None) if types is not None else None,
-                                emb.ln.weight, emb.ln.bias, cfg.layer_norm_eps,
-                                backend=self.backend, validate=False)
+        h = ops.embed_layernorm(
+            ids,
+            pos,
+            types,
+            emb.word,
+            emb.position,
+            getattr(emb, "token_type", None) if types is not None else None,
+            emb.ln.weight,
+            emb.ln.bias,
+            cfg.layer_norm_eps,
+            backend=self.backend,
+            validate=False,
+        )
         if cfg.has_projection:
             h = ops.linear(h, emb.project.weight, emb.project.bias, backend=self.backend)
         return h
@@ -417,18 +459,26 @@ class BertfastModel(nn.Module):
             qkv = ops.linear(h, L.qkv.weight, L.qkv.bias, backend=be)
             ctx = attend(qkv)
             a = ops.linear(ctx, L.attn_out.weight, None, backend=be)
-            h = ops.add_layernorm(a, h, L.attn_out.bias, L.attn_ln.weight, L.attn_ln.bias, eps,
-                                  backend=be)
+            h = ops.add_layernorm(
+                a, h, L.attn_out.bias, L.attn_ln.weight, L.attn_ln.bias, eps, backend=be
+            )
             f = ops.linear_gelu(h, L.ffn_in.weight, L.ffn_in.bias, cfg.hidden_act, backend=be)
             o = ops.linear(f, L.ffn_out.weight, None, backend=be)
-            h = ops.add_layernorm(o, h, L.ffn_out.bias, L.ffn_ln.weight, L.ffn_ln.bias, eps,
-                                  backend=be)
+            h = ops.add_layernorm(
+                o, h, L.ffn_out.bias, L.ffn_ln.weight, L.ffn_ln.bias, eps, backend=be
+            )
             if states is not None:
                 states.append(h)
         return h
 
-    def encode(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-               output_hidden_states: bool = False):
+    def encode(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        output_hidden_states: bool = False,
+    ):
         """Run the encoder padding-free; returns ``(packed last hidden [T,H], PackInfo,
         list of packed hidden states or None)``.
 
@@ -438,15 +488,20 @@ class BertfastModel(nn.Module):
         traces as one graph (``ops.pack_info`` is a custom op with a data-dependent
         size; ``max_seqlen`` is then the padded length)."""
         cfg = self.config
-        mask, types, pos, counts = self._prepare_counted(input_ids, attention_mask,
-                                                         token_type_ids, position_ids)
+        mask, types, pos, counts = self._prepare_counted(
+            input_ids, attention_mask, token_type_ids, position_ids
+        )
         graphs = self._graphs
         if graphs is not None and not output_hidden_states and counts is not None:
             padded = graphs.run(input_ids, mask, types, pos)
             if padded is not None:
                 info = self._pack_info(mask, counts)
-                h = ops.pack_tokens(padded.reshape(-1, padded.shape[-1]), info.indices,
-                                    backend=self.backend, validate=False)
+                h = ops.pack_tokens(
+                    padded.reshape(-1, padded.shape[-1]),
+                    info.indices,
+                    backend=self.backend,
+                    validate=False,
+                )
                 return h, info, None
         info = self._pack_info(mask, counts)
         ids_p = self._pack(input_ids, info)
@@ -454,11 +509,15 @@ class BertfastModel(nn.Module):
         types_p = self._pack(types, info) if types is not None else None
         h = self._embed(ids_p, pos_p, types_p)
         states = [h] if output_hidden_states else None
-        nh, scale = cfg.num_heads, cfg.head_dim ** -0.5
+        nh, scale = cfg.num_heads, cfg.head_dim**-0.5
         cu, max_len, be = info.cu_seqlens, info.max_seqlen, self.backend
-        h = self._layers(h, lambda qkv: ops.attention_varlen(qkv, cu, max_len, nh, scale,
-                                                             backend=be, validate=False),
-                         states)
+        h = self._layers(
+            h,
+            lambda qkv: ops.attention_varlen(
+                qkv, cu, max_len, nh, scale, backend=be, validate=False
+            ),
+            states,
+        )
         return h, info, states
 
     def encode_static(self, input_ids, attention_mask, token_type_ids, position_ids):
@@ -468,14 +527,12 @@ class BertfastModel(nn.Module):
         validated; returns the last hidden state ``[B, S, H]``, zero at padded
         positions. Attention uses ``ops.attention`` with the key-padding mask."""
         cfg = self.config
-        h = self._embed(input_ids, position_ids,
-                        token_type_ids if cfg.has_token_types else None)
-        nh, scale, be = cfg.num_heads, cfg.head_dim ** -0.5, self.backend
-        h = self._layers(h, lambda qkv: ops.attention(qkv, attention_mask, nh, scale,
-                                                      backend=be))
+        h = self._embed(input_ids, position_ids, token_type_ids if cfg.has_token_types else None)
+        nh, scale, be = cfg.num_heads, cfg.head_dim**-0.5, self.backend
+        h = self._layers(h, lambda qkv: ops.attention(qkv, attention_mask, nh, scale, backend=be))
         return h.masked_fill((attention_mask == 0)[..., None], 0)
 
-    def enable_cuda_graphs(self, enabled: Optional[bool] = True, capture: bool = True):
+    def enable_cuda_graphs(self, enabled: bool | None = True, capture: bool = True):
         """Run small batches through captured CUDA graphs (``graphs.GraphCache``);
         ``enabled=None`` means on for CUDA devices. ``capture=False`` runs the same
         static-shape path without graphs (testing on CPU)."""
@@ -491,30 +548,47 @@ class BertfastModel(nn.Module):
         return self
 
     # ---------------------------------------------------------------- forward
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                output_hidden_states: bool = False) -> EncoderOutput:
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        output_hidden_states: bool = False,
+    ) -> EncoderOutput:
         with torch.no_grad():
-            return self._forward(input_ids, attention_mask, token_type_ids, position_ids,
-                                 output_hidden_states)
+            return self._forward(
+                input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states
+            )
 
-    def _forward(self, input_ids, attention_mask, token_type_ids, position_ids,
-                 output_hidden_states):
+    def _forward(
+        self, input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states
+    ):
         head = self.task_head
         input_ids, attention_mask, token_type_ids, position_ids, choices = head.flatten_inputs(
-            input_ids, attention_mask, token_type_ids, position_ids)
-        h, info, states = self.encode(input_ids, attention_mask, token_type_ids, position_ids,
-                                      output_hidden_states)
+            input_ids, attention_mask, token_type_ids, position_ids
+        )
+        h, info, states = self.encode(
+            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states
+        )
         out = EncoderOutput()
         out.last_hidden_state = self._unpack(h, info)
         if states is not None:
             out.hidden_states = tuple(self._unpack(s, info) for s in states)
-        return head(H.HeadInput(h, info, self._w, lambda t: self._unpack(t, info),
-                                self.backend, choices), out)
+        return head(
+            H.HeadInput(h, info, self._w, lambda t: self._unpack(t, info), self.backend, choices),
+            out,
+        )
 
 
-def from_pretrained(path, device="cpu", dtype: torch.dtype = torch.float32,
-                    backend: str = "auto", head: Optional[str] = None,
-                    cuda_graphs: Optional[bool] = None) -> BertfastModel:
+def from_pretrained(
+    path,
+    device="cpu",
+    dtype: torch.dtype = torch.float32,
+    backend: str = "auto",
+    head: str | None = None,
+    cuda_graphs: bool | None = None,
+) -> BertfastModel:
     """Load a Hugging Face checkpoint folder into a :class:`BertfastModel`.
 
     ``head`` is one of :data:`bertfast.heads.HEADS` or None (chosen from

@@ -5,10 +5,11 @@ produce are ``None``. Access by attribute (``out.logits``) or by key
 (``out["logits"]``); ``keys()``/``items()``/``to_dict()`` list the fields that are
 set, and ``out[0]`` is the first set field (like transformers' ``ModelOutput``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -17,15 +18,15 @@ __all__ = ["EncoderOutput"]
 
 @dataclass
 class EncoderOutput:
-    last_hidden_state: Optional[torch.Tensor] = None
-    pooler_output: Optional[torch.Tensor] = None
-    hidden_states: Optional[Tuple[torch.Tensor, ...]] = None
-    logits: Optional[torch.Tensor] = None
-    prediction_logits: Optional[torch.Tensor] = None
-    seq_relationship_logits: Optional[torch.Tensor] = None
-    sop_logits: Optional[torch.Tensor] = None
-    start_logits: Optional[torch.Tensor] = None
-    end_logits: Optional[torch.Tensor] = None
+    last_hidden_state: torch.Tensor | None = None
+    pooler_output: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    logits: torch.Tensor | None = None
+    prediction_logits: torch.Tensor | None = None
+    seq_relationship_logits: torch.Tensor | None = None
+    sop_logits: torch.Tensor | None = None
+    start_logits: torch.Tensor | None = None
+    end_logits: torch.Tensor | None = None
 
     def keys(self):
         return [f.name for f in fields(self) if getattr(self, f.name) is not None]
@@ -45,12 +46,16 @@ class EncoderOutput:
     def __getitem__(self, key: Any):
         if isinstance(key, str):
             if key not in {f.name for f in fields(self)}:
-                raise KeyError(f"{key!r} is not an output field; fields: "
-                               f"{', '.join(f.name for f in fields(self))}")
+                raise KeyError(
+                    f"{key!r} is not an output field; fields: "
+                    f"{', '.join(f.name for f in fields(self))}"
+                )
             value = getattr(self, key)
             if value is None:
-                raise KeyError(f"{key!r} was not produced by this model/head; set fields: "
-                               f"{', '.join(self.keys())}")
+                raise KeyError(
+                    f"{key!r} was not produced by this model/head; set fields: "
+                    f"{', '.join(self.keys())}"
+                )
             return value
         return self.to_tuple()[key]
 

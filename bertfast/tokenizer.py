@@ -14,12 +14,14 @@ A checkpoint folder provides its tokenizer in one of two ways:
 ``token_type_ids`` tensors, padded on the right to the longest sequence of the batch
 and truncated to ``max_length`` (longest-first for sentence pairs).
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Union
 
 import numpy as np
 import torch
@@ -41,7 +43,7 @@ _BERT_SPECIALS = {
     "mask_token": "[MASK]",
 }
 
-TextInput = Union[str, Tuple[str, str]]
+TextInput = Union[str, tuple[str, str]]  # noqa: UP007 (a runtime alias)
 
 
 class TokenizerError(ValueError):
@@ -59,14 +61,14 @@ def _read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _token_str(value) -> Optional[str]:
+def _token_str(value) -> str | None:
     # special_tokens_map.json holds either "[CLS]" or {"content": "[CLS]", ...}.
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
 
 
-def model_max_length(path: Union[str, Path]) -> Optional[int]:
+def model_max_length(path: str | Path) -> int | None:
     """The longest input the checkpoint accepts (tokens), or ``None`` if unknown.
 
     The smaller of the model's position table (less the RoBERTa offset) and the
@@ -92,7 +94,7 @@ def _wordpiece_from_vocab(path: Path):
     from tokenizers import Tokenizer as RustTokenizer
     from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
-    vocab: Dict[str, int] = {}
+    vocab: dict[str, int] = {}
     with open(path / "vocab.txt", encoding="utf-8") as f:
         for index, line in enumerate(f):
             token = line.rstrip("\n")
@@ -109,8 +111,9 @@ def _wordpiece_from_vocab(path: Path):
 
     lower = cfg.get("do_lower_case", True)  # BertTokenizer's default
     strip_accents = cfg.get("strip_accents")  # None: follow lower-casing, as BERT does
-    tok = RustTokenizer(models.WordPiece(vocab, unk_token=specials["unk_token"],
-                                         max_input_chars_per_word=100))
+    tok = RustTokenizer(
+        models.WordPiece(vocab, unk_token=specials["unk_token"], max_input_chars_per_word=100)
+    )
     tok.normalizer = normalizers.BertNormalizer(
         clean_text=True,
         handle_chinese_chars=bool(cfg.get("tokenize_chinese_chars", True)),
@@ -134,12 +137,12 @@ def _wordpiece_from_vocab(path: Path):
 class Tokenizer:
     """Wraps a ``tokenizers.Tokenizer``; see the module docstring."""
 
-    backend: "object"  # tokenizers.Tokenizer
+    backend: object  # tokenizers.Tokenizer
     pad_token_id: int
-    max_length: Optional[int] = None
+    max_length: int | None = None
 
     @classmethod
-    def from_pretrained(cls, path: Union[str, Path], max_length: Optional[int] = None) -> "Tokenizer":
+    def from_pretrained(cls, path: str | Path, max_length: int | None = None) -> Tokenizer:
         """Load from a checkpoint folder; ``max_length`` defaults to the model's limit."""
         from tokenizers import Tokenizer as RustTokenizer
 
@@ -158,7 +161,8 @@ class Tokenizer:
             tok, pad_token = _wordpiece_from_vocab(path)
         else:
             raise TokenizerError(
-                f"{path} has no tokenizer: expected tokenizer.json or (for BERT) vocab.txt")
+                f"{path} has no tokenizer: expected tokenizer.json or (for BERT) vocab.txt"
+            )
         pad_id = tok.token_to_id(pad_token) if pad_token else None
         if pad_id is None:
             pad_id = _read_json(path / "config.json").get("pad_token_id")
@@ -174,8 +178,9 @@ class Tokenizer:
         return cls(tok, int(pad_id), max_length)
 
     # ------------------------------------------------------------ tokenising
-    def tokenize(self, texts: Sequence[TextInput], max_length: Optional[int] = None
-                 ) -> List[Tuple[List[int], List[int]]]:
+    def tokenize(
+        self, texts: Sequence[TextInput], max_length: int | None = None
+    ) -> list[tuple[list[int], list[int]]]:
         """``(ids, type_ids)`` per text (or ``(a, b)`` pair), truncated, unpadded."""
         max_length = max_length or self.max_length
         if max_length:
@@ -186,7 +191,7 @@ class Tokenizer:
         encodings = self.backend.encode_batch(inputs, add_special_tokens=True)
         return [(e.ids, e.type_ids) for e in encodings]
 
-    def collate(self, items: Sequence[Tuple[List[int], List[int]]]) -> Dict[str, torch.Tensor]:
+    def collate(self, items: Sequence[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
         """Right-pad tokenised items into int64 ``[B, S]`` tensors."""
         batch = len(items)
         seq = max((len(ids) for ids, _ in items), default=0)
@@ -204,9 +209,12 @@ class Tokenizer:
             "token_type_ids": torch.from_numpy(token_type_ids),
         }
 
-    def __call__(self, texts: Union[str, Sequence[str]],
-                 text_pairs: Optional[Union[str, Sequence[str]]] = None,
-                 max_length: Optional[int] = None) -> Dict[str, torch.Tensor]:
+    def __call__(
+        self,
+        texts: str | Sequence[str],
+        text_pairs: str | Sequence[str] | None = None,
+        max_length: int | None = None,
+    ) -> dict[str, torch.Tensor]:
         """Tokenise, truncate and pad a batch (or one text / one pair)."""
         if isinstance(texts, str):
             texts = [texts]
@@ -215,7 +223,7 @@ class Tokenizer:
         if text_pairs is not None:
             if len(text_pairs) != len(texts):
                 raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text pairs")
-            inputs: List[TextInput] = list(zip(texts, text_pairs))
+            inputs: list[TextInput] = list(zip(texts, text_pairs))
         else:
             inputs = list(texts)
         return self.collate(self.tokenize(inputs, max_length))

@@ -5,6 +5,7 @@
 - fp32 comparisons run with TF32 off (docs/design.md, numerics).
 - Tests marked ``gpu`` skip cleanly without a CUDA device.
 """
+
 import os
 
 import pytest

@@ -5,11 +5,11 @@ so that a transposed or mis-split weight cannot pass by symmetry. Every paramete
 re-drawn after construction (transformers initialises biases to zero and LayerNorm
 to identity, which would hide a dropped bias or a swapped LayerNorm).
 """
+
 from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Optional
 
 import torch
 
@@ -38,25 +38,77 @@ _HEAD_SUFFIX = {
 
 #: heads transformers implements for each family
 FAMILY_HEADS = {
-    "bert": ("base", "masked_lm", "pretraining", "next_sentence", "sequence_classification",
-             "token_classification", "question_answering", "multiple_choice"),
-    "roberta": ("base", "masked_lm", "sequence_classification", "token_classification",
-                "question_answering", "multiple_choice"),
-    "xlm-roberta": ("base", "masked_lm", "sequence_classification", "token_classification",
-                    "question_answering", "multiple_choice"),
-    "camembert": ("base", "masked_lm", "sequence_classification", "token_classification",
-                  "question_answering", "multiple_choice"),
-    "albert": ("base", "masked_lm", "pretraining", "sequence_classification",
-               "token_classification", "question_answering", "multiple_choice"),
-    "electra": ("base", "masked_lm", "pretraining", "sequence_classification",
-                "token_classification", "question_answering", "multiple_choice"),
-    "distilbert": ("base", "masked_lm", "sequence_classification", "token_classification",
-                   "question_answering", "multiple_choice"),
+    "bert": (
+        "base",
+        "masked_lm",
+        "pretraining",
+        "next_sentence",
+        "sequence_classification",
+        "token_classification",
+        "question_answering",
+        "multiple_choice",
+    ),
+    "roberta": (
+        "base",
+        "masked_lm",
+        "sequence_classification",
+        "token_classification",
+        "question_answering",
+        "multiple_choice",
+    ),
+    "xlm-roberta": (
+        "base",
+        "masked_lm",
+        "sequence_classification",
+        "token_classification",
+        "question_answering",
+        "multiple_choice",
+    ),
+    "camembert": (
+        "base",
+        "masked_lm",
+        "sequence_classification",
+        "token_classification",
+        "question_answering",
+        "multiple_choice",
+    ),
+    "albert": (
+        "base",
+        "masked_lm",
+        "pretraining",
+        "sequence_classification",
+        "token_classification",
+        "question_answering",
+        "multiple_choice",
+    ),
+    "electra": (
+        "base",
+        "masked_lm",
+        "pretraining",
+        "sequence_classification",
+        "token_classification",
+        "question_answering",
+        "multiple_choice",
+    ),
+    "distilbert": (
+        "base",
+        "masked_lm",
+        "sequence_classification",
+        "token_classification",
+        "question_answering",
+        "multiple_choice",
+    ),
 }
 
-PREFIX = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta",
-          "camembert": "roberta", "albert": "albert", "electra": "electra",
-          "distilbert": "distilbert"}
+PREFIX = {
+    "bert": "bert",
+    "roberta": "roberta",
+    "xlm-roberta": "roberta",
+    "camembert": "roberta",
+    "albert": "albert",
+    "electra": "electra",
+    "distilbert": "distilbert",
+}
 
 VOCAB = 101
 MAX_POS = 40
@@ -67,12 +119,17 @@ def hf_config(family: str, **overrides):
 
     common = dict(vocab_size=VOCAB, max_position_embeddings=MAX_POS, num_labels=3)
     if family == "distilbert":
-        kw = dict(dim=96, n_heads=3, hidden_dim=200, n_layers=2, activation="gelu",
-                  pad_token_id=0)
+        kw = dict(dim=96, n_heads=3, hidden_dim=200, n_layers=2, activation="gelu", pad_token_id=0)
         cls = T.DistilBertConfig
     else:
-        kw = dict(hidden_size=96, num_attention_heads=3, intermediate_size=200,
-                  num_hidden_layers=3, type_vocab_size=2, layer_norm_eps=1e-12)
+        kw = dict(
+            hidden_size=96,
+            num_attention_heads=3,
+            intermediate_size=200,
+            num_hidden_layers=3,
+            type_vocab_size=2,
+            layer_norm_eps=1e-12,
+        )
         if family == "bert":
             kw.update(hidden_act="gelu", pad_token_id=0, layer_norm_eps=1e-12)
             cls = T.BertConfig
@@ -80,21 +137,32 @@ def hf_config(family: str, **overrides):
             kw.update(hidden_act="gelu", pad_token_id=1, layer_norm_eps=1e-5)
             cls = T.RobertaConfig
         elif family == "xlm-roberta":
-            kw.update(hidden_act="gelu_new", pad_token_id=1, type_vocab_size=1,
-                      layer_norm_eps=1e-5)
+            kw.update(hidden_act="gelu_new", pad_token_id=1, type_vocab_size=1, layer_norm_eps=1e-5)
             cls = T.XLMRobertaConfig
         elif family == "camembert":
-            kw.update(hidden_act="gelu_pytorch_tanh", pad_token_id=1, type_vocab_size=1,
-                      num_hidden_layers=2, layer_norm_eps=1e-5)
+            kw.update(
+                hidden_act="gelu_pytorch_tanh",
+                pad_token_id=1,
+                type_vocab_size=1,
+                num_hidden_layers=2,
+                layer_norm_eps=1e-5,
+            )
             cls = T.CamembertConfig
         elif family == "albert":
             # 3 layers over 2 groups of 2 inner layers: depth -> group 0, 0, 1.
-            kw.update(hidden_act="gelu_new", pad_token_id=0, embedding_size=40,
-                      num_hidden_groups=2, inner_group_num=2, classifier_dropout_prob=0.0)
+            kw.update(
+                hidden_act="gelu_new",
+                pad_token_id=0,
+                embedding_size=40,
+                num_hidden_groups=2,
+                inner_group_num=2,
+                classifier_dropout_prob=0.0,
+            )
             cls = T.AlbertConfig
         elif family == "electra":
-            kw.update(hidden_act="gelu", pad_token_id=0, embedding_size=48,
-                      summary_activation="gelu")
+            kw.update(
+                hidden_act="gelu", pad_token_id=0, embedding_size=48, summary_activation="gelu"
+            )
             cls = T.ElectraConfig
         else:
             raise ValueError(family)
@@ -124,7 +192,7 @@ def randomize(model, seed: int = 0):
             p.copy_(0.4 * torch.randn(p.shape, generator=g))
         else:
             fan_in = p.shape[1]
-            p.copy_(1.3 * torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+            p.copy_(1.3 * torch.randn(p.shape, generator=g) / fan_in**0.5)
     return model
 
 
@@ -189,8 +257,13 @@ def pad_id(family: str) -> int:
     return 1 if family in ("roberta", "xlm-roberta", "camembert") else 0
 
 
-def make_batch(family: str, lengths=(11, 7, 1, 9), seq_len: Optional[int] = None,
-               seed: int = 0, with_types: bool = True) -> Dict[str, torch.Tensor]:
+def make_batch(
+    family: str,
+    lengths=(11, 7, 1, 9),
+    seq_len: int | None = None,
+    seed: int = 0,
+    with_types: bool = True,
+) -> dict[str, torch.Tensor]:
     """A ragged, right-padded batch (padding filled with the pad id, as tokenizers
     do); real tokens avoid the pad id. Token types mark a second segment where the
     family has them."""
@@ -205,7 +278,7 @@ def make_batch(family: str, lengths=(11, 7, 1, 9), seq_len: Optional[int] = None
         mask[b, :n] = 1
         ids[b, n:] = pad
         if n > 2:
-            types[b, n // 2:n] = 1
+            types[b, n // 2 : n] = 1
     batch = {"input_ids": ids, "attention_mask": mask}
     if with_types and family in ("bert", "roberta", "albert", "electra"):
         batch["token_type_ids"] = types

@@ -6,6 +6,7 @@ round each, torch.compile left out), then ``benchmarks/report.py`` on its JSON. 
 checks that the suite, the parity bookkeeping and the report work, never speed. The
 full suite stays out of CI (``pytest`` only collects ``tests/``).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,21 +24,37 @@ pytest.importorskip("transformers")
 
 
 def _run(cmd, env, timeout):
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    assert proc.returncode == 0, (f"{' '.join(cmd)} failed ({proc.returncode}):\n"
-                                  f"{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+    )
     return proc
 
 
 def test_benchmark_suite_smoke(tmp_path):
-    env = dict(os.environ, BERTFAST_BENCH_SMOKE="1",
-               BERTFAST_BENCH_CACHE=str(tmp_path / "cache"),
-               BERTFAST_BENCH_DEVICE="cpu", PYTHONHASHSEED="0")
+    env = dict(
+        os.environ,
+        BERTFAST_BENCH_SMOKE="1",
+        BERTFAST_BENCH_CACHE=str(tmp_path / "cache"),
+        BERTFAST_BENCH_DEVICE="cpu",
+        PYTHONHASHSEED="0",
+    )
     env.pop("BERTFAST_BENCH_PROFILE", None)
     out = tmp_path / "smoke.json"
-    _run([sys.executable, "-m", "pytest", BENCH, "-q", "-p", "no:cacheprovider",
-          f"--benchmark-json={out}"], env, timeout=400)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            BENCH,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--benchmark-json={out}",
+        ],
+        env,
+        timeout=400,
+    )
 
     data = json.loads(out.read_text())
     rows = [b["extra_info"] for b in data["benchmarks"]]
@@ -55,8 +72,11 @@ def test_benchmark_suite_smoke(tmp_path):
             assert "transformers-eager" in r["ratios"]
 
     report_dir = tmp_path / "report"
-    proc = _run([sys.executable, os.path.join(BENCH, "report.py"), str(out),
-                 "--out", str(report_dir)], env, timeout=120)
+    proc = _run(
+        [sys.executable, os.path.join(BENCH, "report.py"), str(out), "--out", str(report_dir)],
+        env,
+        timeout=120,
+    )
     text = (report_dir / "report.md").read_text()
     assert "## End to end" in text and "## Targets" in text
     assert (report_dir / "e2e.png").stat().st_size > 0
@@ -71,14 +91,31 @@ def test_bench_cli_smoke(tmp_path):
 
     from bertfast import bench
 
-    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                  intermediate_size=64, vocab_size=500,
-                                  max_position_embeddings=64)
+    cfg = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=500,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     transformers.BertModel(cfg).eval().save_pretrained(tmp_path / "m")
     out = tmp_path / "rows.json"
-    rc = bench.main(["--model", str(tmp_path / "m"), "--shapes", "2x8,r3x8x16",
-                     "--seconds", "0", "--device", "cpu", "--json", str(out)])
+    rc = bench.main(
+        [
+            "--model",
+            str(tmp_path / "m"),
+            "--shapes",
+            "2x8,r3x8x16",
+            "--seconds",
+            "0",
+            "--device",
+            "cpu",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     rows = json.loads(out.read_text())["rows"]
     assert {r["shape"] for r in rows} == {"2x8", "r3x8x16"}

@@ -7,6 +7,7 @@
   left out. A build made on purpose with BERTFAST_SKIP_CUDA=1 records that in
   ``build_info()["cuda_status"]`` and this check skips with that reason.
 """
+
 import os
 import shutil
 
@@ -38,7 +39,8 @@ def test_cuda_built_when_nvcc_present():
         pytest.skip(f"CUDA left out on purpose: {info.get('cuda_status')}")
     assert info["cuda"] is True, (
         "nvcc is on PATH but bertfast._C was built without CUDA: rebuild, or set "
-        "BERTFAST_SKIP_CUDA=1 if that was intended")
+        "BERTFAST_SKIP_CUDA=1 if that was intended"
+    )
     assert info["cuda_version"]
     requested = os.environ.get("BERTFAST_CUDA_ARCHS")
     if requested is None or {"80", "90"} <= set(requested.replace(",", ";").split(";")):
@@ -46,7 +48,15 @@ def test_cuda_built_when_nvcc_present():
         assert "sm_90" in info["cuda_archs"], info["cuda_archs"]
     from bertfast import _C
 
-    for name in ("embed_layernorm", "add_layernorm", "bias_act", "attention",
-                 "attention_varlen", "pack_rows", "unpack_rows", "device_count"):
+    for name in (
+        "embed_layernorm",
+        "add_layernorm",
+        "bias_act",
+        "attention",
+        "attention_varlen",
+        "pack_rows",
+        "unpack_rows",
+        "device_count",
+    ):
         assert hasattr(_C.cuda, name), f"bertfast._C.cuda.{name} missing"
     assert isinstance(_C.cuda.device_count(), int)

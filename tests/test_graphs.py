@@ -4,6 +4,7 @@ capture/replay on a GPU (marked ``gpu``).
 Reference: the model's padding-free eager path (itself checked against
 transformers in test_parity_transformers.py).
 """
+
 import pytest
 import torch
 
@@ -18,10 +19,10 @@ def test_bucket_choice():
     assert graphs.bucket(3, 16, 512) == (4, 16)
     assert graphs.bucket(5, 100, 512) == (8, 128)
     assert graphs.bucket(32, 256, 512) == (32, 256)
-    assert graphs.bucket(33, 8, 512) is None          # batch beyond the largest bucket
-    assert graphs.bucket(32, 512, 512) is None        # over MAX_BUCKET_TOKENS
-    assert graphs.bucket(2, 30, 40) == (2, 32)        # capped by the position table...
-    assert graphs.bucket(2, 39, 40) == (2, 40)        # ...never below the input
+    assert graphs.bucket(33, 8, 512) is None  # batch beyond the largest bucket
+    assert graphs.bucket(32, 512, 512) is None  # over MAX_BUCKET_TOKENS
+    assert graphs.bucket(2, 30, 40) == (2, 32)  # capped by the position table...
+    assert graphs.bucket(2, 39, 40) == (2, 40)  # ...never below the input
 
 
 def test_graphs_enabled(monkeypatch):
@@ -56,8 +57,9 @@ def test_static_bucketed_path_matches_eager(folder):
         a = eager(ids, attention_mask=mask)
         b = static(ids, attention_mask=mask)
         real = mask.bool()
-        torch.testing.assert_close(b.last_hidden_state[real], a.last_hidden_state[real],
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            b.last_hidden_state[real], a.last_hidden_state[real], atol=1e-5, rtol=0
+        )
         assert (b.last_hidden_state[~real] == 0).all()
         torch.testing.assert_close(b.logits, a.logits, atol=1e-5, rtol=0)
     # one entry per bucket, reused: (1,16) and (4,16) and (2,16)

@@ -6,6 +6,7 @@ this file checks *how* they run: every weight matrix of a head is multiplied by
 largest GEMM of any head, runs on bertfast's GEMM), and the head module is built
 at load, not chosen per call.
 """
+
 import pytest
 import torch
 
@@ -74,8 +75,14 @@ def test_masked_lm_decoder_runs_on_the_cpu_gemm(tmp_path):
     out = model(**batch)
     h, info, _ = model.encode(**batch)
     x = H.dense(model._w, "mlm.dense", h, model.task_head.act, "cpu")
-    x = torch.nn.functional.layer_norm(x, (x.shape[-1],), model._w("mlm.ln.weight"),
-                                       model._w("mlm.ln.bias"), model.config.layer_norm_eps)
-    logits = bertfast.ops.linear(x, model._w("mlm.decoder.weight"),
-                                 model._w("mlm.decoder.bias"), backend="cpu")
+    x = torch.nn.functional.layer_norm(
+        x,
+        (x.shape[-1],),
+        model._w("mlm.ln.weight"),
+        model._w("mlm.ln.bias"),
+        model.config.layer_norm_eps,
+    )
+    logits = bertfast.ops.linear(
+        x, model._w("mlm.decoder.weight"), model._w("mlm.decoder.bias"), backend="cpu"
+    )
     assert torch.equal(out.logits.view(-1, logits.shape[-1])[info.indices], logits)

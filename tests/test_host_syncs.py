@@ -10,6 +10,7 @@ The counter below is itself tested against every kind of read it claims to catch
 (``test_counter_sees_every_kind_of_read``), so a count of 1 means one read, not a
 blind spot. It runs on CPU tensors: a read is the same call there, only cheaper.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -26,9 +27,21 @@ from .models import build, make_batch, save
 _FUNCTION_READS = {"tolist", "numpy", "__array__", "cpu", "__dlpack__"}
 # aten ops that read device memory on the host: scalar reads, and ops whose output
 # size depends on the data (on a GPU they wait for the device to know it).
-_ATEN_READS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique", "_unique2",
-               "unique_dim", "unique_consecutive", "equal", "is_nonzero", "bincount",
-               "histc", "repeat_interleave", "_assert_async"}
+_ATEN_READS = {
+    "_local_scalar_dense",
+    "nonzero",
+    "masked_select",
+    "_unique",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "equal",
+    "is_nonzero",
+    "bincount",
+    "histc",
+    "repeat_interleave",
+    "_assert_async",
+}
 
 
 def _aten_name(func) -> str:
@@ -58,9 +71,11 @@ class _Aten(TorchDispatchMode):
             self.reads.append(name)  # repeats tensor without output_size: data-dependent
         elif name in _ATEN_READS and name != "repeat_interleave":
             self.reads.append(name)
-        elif name == "index" and any(isinstance(i, torch.Tensor) and
-                                     i.dtype in (torch.bool, torch.uint8)
-                                     for i in (args[1] if len(args) > 1 else ()) if i is not None):
+        elif name == "index" and any(
+            isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+            for i in (args[1] if len(args) > 1 else ())
+            if i is not None
+        ):
             self.reads.append("index[bool mask]")  # a nonzero() inside
         return func(*args, **(kwargs or {}))
 
@@ -98,12 +113,25 @@ def count(monkeypatch):
 def test_counter_sees_every_kind_of_read(count):
     t = torch.tensor([3, 0, 2])
     reads = [
-        lambda: t[0].item(), lambda: t.tolist(), lambda: bool(t[0]), lambda: int(t[0]),
-        lambda: float(t[0]), lambda: [0, 1, 2, 3][t[0]], lambda: 1 if t[0] else 0,
-        lambda: f"{t[0]}", lambda: t.numpy(), lambda: t.nonzero(), lambda: t[t > 0],
-        lambda: torch.zeros(t[0]), lambda: t.unique(), lambda: torch.equal(t, t),
-        lambda: t.masked_select(t > 0), lambda: t.repeat_interleave(t), lambda: t.cpu(),
-        lambda: range(t[2]), lambda: torch.nonzero(t > 0, as_tuple=True),
+        lambda: t[0].item(),
+        lambda: t.tolist(),
+        lambda: bool(t[0]),
+        lambda: int(t[0]),
+        lambda: float(t[0]),
+        lambda: [0, 1, 2, 3][t[0]],
+        lambda: 1 if t[0] else 0,
+        lambda: f"{t[0]}",
+        lambda: t.numpy(),
+        lambda: t.nonzero(),
+        lambda: t[t > 0],
+        lambda: torch.zeros(t[0]),
+        lambda: t.unique(),
+        lambda: torch.equal(t, t),
+        lambda: t.masked_select(t > 0),
+        lambda: t.repeat_interleave(t),
+        lambda: t.cpu(),
+        lambda: range(t[2]),
+        lambda: torch.nonzero(t > 0, as_tuple=True),
     ]
     for i, read in enumerate(reads):
         with count() as c:
@@ -119,10 +147,12 @@ def test_counter_sees_every_kind_of_read(count):
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     out = {}
-    for family, head, layers in [("bert", "sequence_classification", 12),
-                                 ("bert", "sequence_classification", 2),
-                                 ("roberta", "masked_lm", 12),
-                                 ("albert", "pretraining", 12)]:
+    for family, head, layers in [
+        ("bert", "sequence_classification", 12),
+        ("bert", "sequence_classification", 2),
+        ("roberta", "masked_lm", 12),
+        ("albert", "pretraining", 12),
+    ]:
         path = tmp_path_factory.mktemp(f"{family}{layers}")
         kw = {"num_hidden_layers": layers}
         out[(family, layers)] = save(build(family, head, **kw), str(path))
@@ -155,8 +185,10 @@ def test_reads_do_not_grow_with_depth(folders, count):
     for layers in (2, 12):
         model = bertfast.from_pretrained(folders[("bert", layers)], backend="torch")
         assert model.config.num_layers == layers
-        per_depth[layers] = (_forward_reads(model, count, batch)[0],
-                             _forward_reads(model, count, given)[0])
+        per_depth[layers] = (
+            _forward_reads(model, count, batch)[0],
+            _forward_reads(model, count, given)[0],
+        )
     assert per_depth[2] == per_depth[12] == (["tolist"], ["tolist"])
 
 
@@ -203,18 +235,33 @@ def test_public_ops_validate_every_call_and_internal_calls_skip_reads(count):
     with pytest.raises(IndexError, match="indices contains 9"):
         ops.unpack_tokens(torch.randn(2, 3), idx, 5)
     ids = torch.tensor([[1, 50]])
-    args = (ids, torch.zeros_like(ids), None, torch.randn(10, 4), torch.randn(3, 4), None,
-            torch.ones(4), torch.zeros(4))
+    args = (
+        ids,
+        torch.zeros_like(ids),
+        None,
+        torch.randn(10, 4),
+        torch.randn(3, 4),
+        None,
+        torch.ones(4),
+        torch.zeros(4),
+    )
     with pytest.raises(IndexError, match="input_ids contains 50"):
         ops.embed_layernorm(*args)
 
     good_cu = torch.tensor([0, 3, 7], dtype=torch.int32)
-    good = [lambda v: ops.attention_varlen(qkv, good_cu, 4, 2, validate=v, backend="torch"),
-            lambda v: ops.pack_tokens(x, torch.tensor([0, 4]), validate=v, backend="torch"),
-            lambda v: ops.unpack_tokens(x[:2], torch.tensor([0, 4]), 5, validate=v,
-                                        backend="torch"),
-            lambda v: ops.embed_layernorm(torch.tensor([[1, 2]]), torch.tensor([[0, 1]]), None,
-                                          *args[3:], validate=v, backend="torch")]
+    good = [
+        lambda v: ops.attention_varlen(qkv, good_cu, 4, 2, validate=v, backend="torch"),
+        lambda v: ops.pack_tokens(x, torch.tensor([0, 4]), validate=v, backend="torch"),
+        lambda v: ops.unpack_tokens(x[:2], torch.tensor([0, 4]), 5, validate=v, backend="torch"),
+        lambda v: ops.embed_layernorm(
+            torch.tensor([[1, 2]]),
+            torch.tensor([[0, 1]]),
+            None,
+            *args[3:],
+            validate=v,
+            backend="torch",
+        ),
+    ]
     for call in good:
         with count() as c:
             call(True)
@@ -248,16 +295,24 @@ def test_gpu_launchers_do_not_read_back():
     import pathlib
 
     root = pathlib.Path(bertfast.__file__).parent / "ops"
-    files = [root / "cpu.py", root / "cuda.py", root / "native.py", root / "dispatch.py",
-             root / "padding.py", *sorted((root / "triton").glob("*.py"))]
-    banned = {"item", "tolist", "cpu", "numpy", "nonzero", "masked_select", "unique",
-              "synchronize"}
+    files = [
+        root / "cpu.py",
+        root / "cuda.py",
+        root / "native.py",
+        root / "dispatch.py",
+        root / "padding.py",
+        *sorted((root / "triton").glob("*.py")),
+    ]
+    banned = {"item", "tolist", "cpu", "numpy", "nonzero", "masked_select", "unique", "synchronize"}
     found = []
     for path in files:
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in banned):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in banned
+            ):
                 found.append(f"{path.name}:{node.lineno} .{node.func.attr}()")
     # padding.py's one read (public pack_info) and the op torch.compile calls
     # (bertfast::pack_indices, which must size its output) are the known ones.
@@ -268,8 +323,9 @@ def test_gpu_launchers_do_not_read_back():
 
 # ------------------------------------------------------------- on a GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend,cuda_graphs", [("torch", False), ("cuda", False),
-                                                 ("triton", False), ("auto", True)])
+@pytest.mark.parametrize(
+    "backend,cuda_graphs", [("torch", False), ("cuda", False), ("triton", False), ("auto", True)]
+)
 def test_cuda_forward_synchronizes_once(folders, backend, cuda_graphs):
     """CUDA's own sync detector (``torch.cuda.set_sync_debug_mode``) sees exactly the
     one read of a 12-layer forward, for every GPU backend and for graph replay."""
@@ -277,8 +333,9 @@ def test_cuda_forward_synchronizes_once(folders, backend, cuda_graphs):
 
     if backend != "auto" and ops.backend_status("cuda")[backend] is not None:
         pytest.skip(f"{backend}: {ops.backend_status('cuda')[backend]}")
-    model = bertfast.from_pretrained(folders[("bert", 12)], device="cuda", backend=backend,
-                                     cuda_graphs=cuda_graphs)
+    model = bertfast.from_pretrained(
+        folders[("bert", 12)], device="cuda", backend=backend, cuda_graphs=cuda_graphs
+    )
     batch = {k: v.cuda() for k, v in make_batch("bert", lengths=(9, 4, 0, 7)).items()}
     model(**batch)  # warm-up: autotuning, graph capture
     torch.cuda.synchronize()

@@ -1,5 +1,6 @@
 """Model inputs: validation (checked before any kernel runs), defaults, empty rows,
 padding-free execution, and the output object."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,27 +15,39 @@ from tests.models import MAX_POS, VOCAB, build, make_batch, save
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("inputs")
     out = {}
-    for fam, head in [("bert", "sequence_classification"), ("roberta", "masked_lm"),
-                      ("distilbert", "token_classification"), ("albert", "pretraining"),
-                      ("bert", "multiple_choice"), ("electra", "question_answering")]:
+    for fam, head in [
+        ("bert", "sequence_classification"),
+        ("roberta", "masked_lm"),
+        ("distilbert", "token_classification"),
+        ("albert", "pretraining"),
+        ("bert", "multiple_choice"),
+        ("electra", "question_answering"),
+    ]:
         out[(fam, head)] = save(build(fam, head), str(root / f"{fam}-{head}"))
     return out
 
 
 @pytest.fixture(scope="module")
 def bert(folders):
-    return bertfast.from_pretrained(folders[("bert", "sequence_classification")],
-                                    backend="torch")
+    return bertfast.from_pretrained(folders[("bert", "sequence_classification")], backend="torch")
 
 
 @pytest.fixture
 def no_kernels(monkeypatch):
     """Make every op entry point fail loudly: validation must reject first."""
+
     def boom(*a, **k):
         raise AssertionError("a kernel ran before input validation")
 
-    for name in ("pack_info", "pack_tokens", "unpack_tokens", "embed_layernorm",
-                 "attention_varlen", "add_layernorm", "linear_gelu"):
+    for name in (
+        "pack_info",
+        "pack_tokens",
+        "unpack_tokens",
+        "embed_layernorm",
+        "attention_varlen",
+        "add_layernorm",
+        "linear_gelu",
+    ):
         monkeypatch.setattr(ops, name, boom)
 
 
@@ -114,14 +127,16 @@ def test_input_ids_rank(bert, no_kernels):
 
 
 def test_distilbert_token_types(folders):
-    model = bertfast.from_pretrained(folders[("distilbert", "token_classification")],
-                                     backend="torch")
+    model = bertfast.from_pretrained(
+        folders[("distilbert", "token_classification")], backend="torch"
+    )
     x = ids()
     with pytest.raises(ValueError, match="no token type embeddings"):
         model(x, token_type_ids=torch.ones_like(x))
     # all-zero token types are the same as none
-    torch.testing.assert_close(model(x, token_type_ids=torch.zeros_like(x)).logits,
-                               model(x).logits, rtol=0, atol=0)
+    torch.testing.assert_close(
+        model(x, token_type_ids=torch.zeros_like(x)).logits, model(x).logits, rtol=0, atol=0
+    )
 
 
 def test_wrong_device(bert, no_kernels):
@@ -149,8 +164,11 @@ def test_multiple_choice_shapes(folders):
 def test_default_mask_and_token_types(bert):
     x = ids(3, 7)
     a = bert(x)
-    b = bert(x, attention_mask=torch.ones(3, 7, dtype=torch.long),
-             token_type_ids=torch.zeros(3, 7, dtype=torch.long))
+    b = bert(
+        x,
+        attention_mask=torch.ones(3, 7, dtype=torch.long),
+        token_type_ids=torch.zeros(3, 7, dtype=torch.long),
+    )
     torch.testing.assert_close(a.last_hidden_state, b.last_hidden_state, rtol=0, atol=0)
     # a bool or float mask means the same as an int one
     m = torch.tensor([[1, 1, 1, 0, 0, 0, 0]] * 3)
@@ -169,10 +187,16 @@ def test_position_ids_broadcast(bert):
 
 
 # ---------------------------------------------------------------- empty rows
-@pytest.mark.parametrize("key", [("bert", "sequence_classification"), ("roberta", "masked_lm"),
-                                 ("albert", "pretraining"),
-                                 ("electra", "question_answering"),
-                                 ("distilbert", "token_classification")])
+@pytest.mark.parametrize(
+    "key",
+    [
+        ("bert", "sequence_classification"),
+        ("roberta", "masked_lm"),
+        ("albert", "pretraining"),
+        ("electra", "question_answering"),
+        ("distilbert", "token_classification"),
+    ],
+)
 def test_all_zero_mask_row_gives_zeros(folders, key):
     """A row with no real token: every output of that row is zero, and the other
     rows are exactly what they are without it."""
@@ -198,8 +222,7 @@ def test_all_zero_mask_row_gives_zeros(folders, key):
 
 
 def test_padded_positions_are_zero_for_token_heads(folders):
-    model = bertfast.from_pretrained(folders[("electra", "question_answering")],
-                                     backend="torch")
+    model = bertfast.from_pretrained(folders[("electra", "question_answering")], backend="torch")
     batch = make_batch("electra", lengths=(3, 8))
     out = model(**batch)
     pad = batch["attention_mask"] == 0
@@ -214,8 +237,9 @@ def test_runs_packed_on_real_tokens_only(bert, monkeypatch):
     real_attention = ops.attention_varlen
 
     def spy(qkv, cu_seqlens, max_seqlen, num_heads, *a, **k):
-        seen.append((tuple(qkv.shape), cu_seqlens.tolist(), max_seqlen, num_heads,
-                     k.get("backend")))
+        seen.append(
+            (tuple(qkv.shape), cu_seqlens.tolist(), max_seqlen, num_heads, k.get("backend"))
+        )
         return real_attention(qkv, cu_seqlens, max_seqlen, num_heads, *a, **k)
 
     monkeypatch.setattr(ops, "attention_varlen", spy)
@@ -230,8 +254,13 @@ def test_runs_packed_on_real_tokens_only(bert, monkeypatch):
 
 def test_backend_is_passed_to_every_op(folders, monkeypatch):
     calls = {}
-    for name in ("embed_layernorm", "add_layernorm", "linear_gelu", "attention_varlen",
-                 "unpack_tokens"):
+    for name in (
+        "embed_layernorm",
+        "add_layernorm",
+        "linear_gelu",
+        "attention_varlen",
+        "unpack_tokens",
+    ):
         real = getattr(ops, name)
 
         def spy(*a, _real=real, _name=name, **k):
@@ -239,11 +268,15 @@ def test_backend_is_passed_to_every_op(folders, monkeypatch):
             return _real(*a, **k)
 
         monkeypatch.setattr(ops, name, spy)
-    model = bertfast.from_pretrained(folders[("bert", "sequence_classification")],
-                                     backend="torch")
+    model = bertfast.from_pretrained(folders[("bert", "sequence_classification")], backend="torch")
     model(ids())
-    assert set(calls) == {"embed_layernorm", "add_layernorm", "linear_gelu",
-                          "attention_varlen", "unpack_tokens"}
+    assert set(calls) == {
+        "embed_layernorm",
+        "add_layernorm",
+        "linear_gelu",
+        "attention_varlen",
+        "unpack_tokens",
+    }
     assert all(v == {"torch"} for v in calls.values()), calls
 
 
@@ -275,9 +308,15 @@ def test_outputs_do_not_require_grad(bert):
 
 
 # ------------------------------------------------------ static (CUDA-graph) path
-@pytest.mark.parametrize("key", [("bert", "sequence_classification"), ("albert", "pretraining"),
-                                 ("distilbert", "token_classification"),
-                                 ("roberta", "masked_lm")])
+@pytest.mark.parametrize(
+    "key",
+    [
+        ("bert", "sequence_classification"),
+        ("albert", "pretraining"),
+        ("distilbert", "token_classification"),
+        ("roberta", "masked_lm"),
+    ],
+)
 def test_encode_static_matches_packed(folders, key):
     """The padded static-shape encoder (what CUDA graphs capture) equals the
     padding-free one, zero at padded positions."""
@@ -285,16 +324,16 @@ def test_encode_static_matches_packed(folders, key):
     model = bertfast.from_pretrained(folders[key], backend="torch")
     batch = make_batch(family, lengths=(6, 2, 0, 5), seq_len=8)
     ref = model(**batch).last_hidden_state
-    mask, types, pos = model._prepare(batch["input_ids"], batch["attention_mask"],
-                                      batch.get("token_type_ids"), None)
+    mask, types, pos = model._prepare(
+        batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"), None
+    )
     got = model.encode_static(batch["input_ids"], mask.int(), types, pos)
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
 
 
 def test_static_bucket_path_without_capture(folders):
     pytest.importorskip("bertfast.graphs")
-    model = bertfast.from_pretrained(folders[("bert", "sequence_classification")],
-                                     backend="torch")
+    model = bertfast.from_pretrained(folders[("bert", "sequence_classification")], backend="torch")
     batch = make_batch("bert", lengths=(6, 2, 5), seq_len=7)
     eager = model(**batch)
     model.enable_cuda_graphs(True, capture=False)

@@ -4,9 +4,9 @@ Reference: the same model's original forward, run before optimize() (fp32, TF32
 off). Tolerance 1e-4 on real tokens: fp32 with a different summation order through
 2-3 layers drifts by ~1e-6; a real bug (wrong weight, mask, position) is >1e-2.
 """
+
 import copy
 import gc
-import warnings
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ import torch
 import bertfast
 from bertfast.dropin import UnsupportedArgument
 
-from .models import FAMILY_HEADS, FAMILIES, build
+from .models import FAMILIES, FAMILY_HEADS, build
 
 ATOL = 1e-4
 BACKENDS = ["torch", "auto"]
@@ -30,7 +30,8 @@ def _inputs(family, batch=3, seqlen=9, choices=None, seed=1):
     kw = {"input_ids": ids, "attention_mask": mask}
     if family in ("bert", "albert", "electra", "roberta"):
         kw["token_type_ids"] = (torch.arange(seqlen)[None] >= 3).long().expand(batch, -1) * (
-            1 if family != "roberta" else 0)
+            1 if family != "roberta" else 0
+        )
     if choices:
         kw = {k: v[:, None].expand(-1, choices, -1).contiguous() for k, v in kw.items()}
     return kw, mask.bool()
@@ -70,14 +71,22 @@ def test_optimize_matches_original(family, head, backend):
         if key == "hidden_states":
             assert len(got.hidden_states) == len(value)
             for i, (e, o) in enumerate(zip(value, got.hidden_states)):
-                _compare(e.reshape(-1, *e.shape[-2:]), o.reshape(-1, *o.shape[-2:]), mask,
-                         f"hidden_states[{i}]")
+                _compare(
+                    e.reshape(-1, *e.shape[-2:]),
+                    o.reshape(-1, *o.shape[-2:]),
+                    mask,
+                    f"hidden_states[{i}]",
+                )
         elif key == "loss":
             continue
         else:
             e, o = value, got[key]
-            if key in ("logits",) and head in ("masked_lm", "token_classification",
-                                               "pretraining", "electra_discriminator"):
+            if key in ("logits",) and head in (
+                "masked_lm",
+                "token_classification",
+                "pretraining",
+                "electra_discriminator",
+            ):
                 _compare(e, o, mask, key)
             elif key in ("prediction_logits", "start_logits", "end_logits"):
                 _compare(e, o, mask, key)
@@ -89,12 +98,12 @@ def test_optimize_return_dict_false_and_positional():
     model = build("bert", "sequence_classification")
     kw, _ = _inputs("bert")
     with torch.no_grad():
-        expected = model(kw["input_ids"], kw["attention_mask"], kw["token_type_ids"],
-                         return_dict=False)
+        expected = model(
+            kw["input_ids"], kw["attention_mask"], kw["token_type_ids"], return_dict=False
+        )
     bertfast.optimize(model, fallback=False)
     with torch.no_grad():
-        got = model(kw["input_ids"], kw["attention_mask"], kw["token_type_ids"],
-                    return_dict=False)
+        got = model(kw["input_ids"], kw["attention_mask"], kw["token_type_ids"], return_dict=False)
     assert isinstance(got, tuple) and len(got) == len(expected)
     torch.testing.assert_close(got[0], expected[0], atol=ATOL, rtol=0)
 
@@ -167,8 +176,12 @@ def test_optimize_follows_dtype_and_moves():
 def test_optimize_sentence_transformer_matches():
     st = pytest.importorskip("sentence_transformers")
     path = str(bertfast.default_checkpoint())
-    sentences = ["A man is eating food.", "bertfast runs BERT encoders on fused kernels.",
-                 "Short", "Ünïcödé and punctuation!? (yes) — 42 %"]
+    sentences = [
+        "A man is eating food.",
+        "bertfast runs BERT encoders on fused kernels.",
+        "Short",
+        "Ünïcödé and punctuation!? (yes) — 42 %",
+    ]
     reference = st.SentenceTransformer(path, device="cpu")
     expected = reference.encode(sentences, convert_to_tensor=True)
     model = bertfast.optimize(st.SentenceTransformer(path, device="cpu"), fallback=False)
@@ -189,6 +202,7 @@ def test_optimize_rejects_other_objects():
 
 def test_undo_restores_original():
     from bertfast.dropin import undo
+
     model = build("roberta")
     kw, _ = _inputs("roberta")
     bertfast.optimize(model)
@@ -200,8 +214,10 @@ def test_undo_restores_original():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("family,head", [("bert", "sequence_classification"),
-                                         ("roberta", "masked_lm"), ("distilbert", "base")])
+@pytest.mark.parametrize(
+    "family,head",
+    [("bert", "sequence_classification"), ("roberta", "masked_lm"), ("distilbert", "base")],
+)
 def test_optimize_gpu_half_precision(family, head, dtype):
     """fp16/bf16 on a GPU (CUDA graphs on by default): the parity rule against fp32."""
     model = build(family, head).cuda()

@@ -5,6 +5,7 @@ TF32 off, eager attention), compared at *every* position, padded ones included.
 Tolerance 1e-4 as in test_optimize.py: fp32 through 2-3 layers in a different
 summation order drifts by ~1e-6; a wrong mask, position or pooler token is > 1e-2.
 """
+
 import pytest
 import torch
 
@@ -75,8 +76,14 @@ def test_default_zeros_at_padded_positions(family):
     assert _max_diff(got[mask], expected[mask]) <= ATOL
 
 
-@pytest.mark.parametrize("family,head", [("bert", "masked_lm"), ("roberta", "token_classification"),
-                                         ("albert", "sequence_classification")])
+@pytest.mark.parametrize(
+    "family,head",
+    [
+        ("bert", "masked_lm"),
+        ("roberta", "token_classification"),
+        ("albert", "sequence_classification"),
+    ],
+)
 def test_heads_see_transformers_values(family, head):
     # The heads stay transformers' own modules: per-token logits at padded
     # positions and a pooler read at position 0 follow from the encoder output.

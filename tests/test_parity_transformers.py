@@ -7,6 +7,7 @@ tokens, per-sequence attention), so over 2-3 layers the outputs differ by ~1e-6
 headroom yet catches any real bug (a dropped bias, a wrong activation, a
 mis-split QKV, a wrong position offset), which shows up as > 1e-2.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,16 @@ import pytest
 import torch
 
 import bertfast
-from tests.models import (FAMILIES, FAMILY_HEADS, PREFIX, build, edit_config, make_batch,
-                          rename_keys, save)
+from tests.models import (
+    FAMILIES,
+    FAMILY_HEADS,
+    PREFIX,
+    build,
+    edit_config,
+    make_batch,
+    rename_keys,
+    save,
+)
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
@@ -39,8 +48,7 @@ def zoo(tmp_path_factory):
         key = (family, head, fmt, tuple(sorted(overrides.items())))
         if key not in cache:
             model = build(family, head, **overrides)
-            folder = save(model, str(root / "-".join(map(str, key[:3])) /
-                                     str(len(cache))), fmt)
+            folder = save(model, str(root / "-".join(map(str, key[:3])) / str(len(cache))), fmt)
             cache[key] = (model, folder)
         return cache[key]
 
@@ -81,8 +89,9 @@ def test_parity_every_family_and_head(zoo, family, head):
     """Every output field, with backend="torch" and backend="auto" (which picks the
     native/triton kernels as they land)."""
     hf, folder = zoo(family, head)
-    expected_head = "electra_discriminator" if (family, head) == ("electra", "pretraining") \
-        else head
+    expected_head = (
+        "electra_discriminator" if (family, head) == ("electra", "pretraining") else head
+    )
     batch = make_batch(family)
     if head == "multiple_choice":
         batch = _reshape_mc(batch)
@@ -95,8 +104,9 @@ def test_parity_every_family_and_head(zoo, family, head):
         diffs = max_diffs(out, ref, batch["attention_mask"], expected_head)
         assert "hidden_states" in diffs and len(diffs) >= 2, diffs
         bad = {k: v for k, v in diffs.items() if not v <= ATOL}
-        assert not bad, (f"{family}/{head}/backend={backend}: max abs diff over {ATOL}: "
-                         f"{bad} (all: {diffs})")
+        assert not bad, (
+            f"{family}/{head}/backend={backend}: max abs diff over {ATOL}: {bad} (all: {diffs})"
+        )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -115,8 +125,7 @@ def test_base_outputs_and_padding(zoo, family):
     assert (out.pooler_output is not None) == has_pooler
     if has_pooler:
         assert float((out.pooler_output - ref.pooler_output).abs().max()) <= ATOL
-    n_layers = model.config.num_layers * (model.config.inner_group_num
-                                          if family == "albert" else 1)
+    n_layers = model.config.num_layers * (model.config.inner_group_num if family == "albert" else 1)
     assert len(out.hidden_states) == n_layers + 1 == len(ref.hidden_states)
     for t in (out.last_hidden_state,) + out.hidden_states:
         assert torch.all(t[~real] == 0)
@@ -161,12 +170,12 @@ def test_batch_invariance(zoo):
     batch = make_batch("bert", lengths=(9, 4, 7))
     full = model(**batch, output_hidden_states=True)
     for b, n in enumerate((9, 4, 7)):
-        one = {k: v[b:b + 1, :n] for k, v in batch.items()}
+        one = {k: v[b : b + 1, :n] for k, v in batch.items()}
         alone = model(**one)
-        torch.testing.assert_close(alone.last_hidden_state[0], full.last_hidden_state[b, :n],
-                                   rtol=0, atol=1e-5)
-        torch.testing.assert_close(alone.pooler_output[0], full.pooler_output[b],
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            alone.last_hidden_state[0], full.last_hidden_state[b, :n], rtol=0, atol=1e-5
+        )
+        torch.testing.assert_close(alone.pooler_output[0], full.pooler_output[b], rtol=0, atol=1e-5)
         torch.testing.assert_close(alone.logits[0], full.logits[b], rtol=0, atol=1e-5)
 
 
@@ -185,9 +194,15 @@ def _check_against(hf, folder, family, head, backend="torch", **kw):
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "sharded", "bin"])
-@pytest.mark.parametrize("family,head", [("bert", "pretraining"), ("albert", "masked_lm"),
-                                         ("distilbert", "sequence_classification"),
-                                         ("electra", "base")])
+@pytest.mark.parametrize(
+    "family,head",
+    [
+        ("bert", "pretraining"),
+        ("albert", "masked_lm"),
+        ("distilbert", "sequence_classification"),
+        ("electra", "base"),
+    ],
+)
 def test_checkpoint_formats(zoo, family, head, fmt):
     hf, folder = zoo(family, head, fmt)
     files = set(os.listdir(folder))
@@ -208,7 +223,7 @@ def test_keys_with_and_without_prefix(zoo, tmp_path, family):
     stripped = str(tmp_path / "stripped")
     shutil.copytree(folder, stripped)
     p = PREFIX[family] + "."
-    rename_keys(stripped, lambda k: k[len(p):] if k.startswith(p) else k)
+    rename_keys(stripped, lambda k: k[len(p) :] if k.startswith(p) else k)
     _check_against(hf, stripped, family, "sequence_classification")
     # a base model saved without the prefix, rewritten with it
     hf, folder = zoo(family, "base")
@@ -238,8 +253,9 @@ def test_legacy_gamma_beta_names(zoo, tmp_path):
 def test_untied_mlm_decoder(zoo, family):
     """tie_word_embeddings=False: the checkpoint's own decoder weight is used."""
     hf, folder = zoo(family, "masked_lm", tie_word_embeddings=False)
-    assert hf.get_output_embeddings().weight.data_ptr() != \
-        hf.get_input_embeddings().weight.data_ptr()
+    assert (
+        hf.get_output_embeddings().weight.data_ptr() != hf.get_input_embeddings().weight.data_ptr()
+    )
     model = _check_against(hf, folder, family, "masked_lm")
     assert model.mlm.decoder.weight.data_ptr() != model.embeddings.word.data_ptr()
 
@@ -305,12 +321,14 @@ def test_albert_sentence_order_head(zoo):
     assert float((out.logits - ref.sop_logits).abs().max()) <= ATOL
 
 
-@pytest.mark.parametrize("problem_type", ["single_label_classification",
-                                          "multi_label_classification", "regression"])
+@pytest.mark.parametrize(
+    "problem_type", ["single_label_classification", "multi_label_classification", "regression"]
+)
 def test_sequence_classification_problem_types(zoo, problem_type):
     num_labels = 1 if problem_type == "regression" else 4
-    hf, folder = zoo("electra", "sequence_classification", problem_type=problem_type,
-                     num_labels=num_labels)
+    hf, folder = zoo(
+        "electra", "sequence_classification", problem_type=problem_type, num_labels=num_labels
+    )
     model = _check_against(hf, folder, "electra", "sequence_classification")
     assert model.config.problem_type == problem_type
     assert model.config.num_labels == num_labels
@@ -330,11 +348,17 @@ def test_embedding_model_without_architectures(zoo, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family,head", [("bert", "pretraining"), ("roberta", "masked_lm"),
-                                         ("albert", "sequence_classification"),
-                                         ("electra", "question_answering"),
-                                         ("distilbert", "multiple_choice"),
-                                         ("xlm-roberta", "token_classification")])
+@pytest.mark.parametrize(
+    "family,head",
+    [
+        ("bert", "pretraining"),
+        ("roberta", "masked_lm"),
+        ("albert", "sequence_classification"),
+        ("electra", "question_answering"),
+        ("distilbert", "multiple_choice"),
+        ("xlm-roberta", "token_classification"),
+    ],
+)
 def test_parity_on_cuda(zoo, family, head):
     """fp32 on the GPU (TF32 off) against transformers on the GPU, with the torch
     backend and with auto (cuda/triton kernels), eager and through CUDA graphs."""
@@ -349,8 +373,9 @@ def test_parity_on_cuda(zoo, family, head):
             ref = hf_cuda(**batch, output_hidden_states=True)
         for backend in BACKENDS:
             for graphs in (False, True):
-                model = bertfast.from_pretrained(folder, device="cuda", backend=backend,
-                                                 cuda_graphs=graphs)
+                model = bertfast.from_pretrained(
+                    folder, device="cuda", backend=backend, cuda_graphs=graphs
+                )
                 out = model(**batch, output_hidden_states=not graphs)
                 if graphs:  # hidden states are not produced by the graph path
                     ref_cmp = {k: v for k, v in ref.items() if k != "hidden_states"}

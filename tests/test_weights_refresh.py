@@ -12,6 +12,7 @@
 Reference: transformers computing with the same (edited) weights, fp32; tolerance
 1e-4 on real tokens (see tests/test_optimize.py for why).
 """
+
 from __future__ import annotations
 
 import copy
@@ -73,8 +74,12 @@ def _write(way, w, rows, value):
 def _edits(H):
     g = torch.Generator().manual_seed(5)
     q_rows, ffn_rows = slice(2, 9), slice(10, 40)
-    return (q_rows, torch.randn(7, H, generator=g) * 0.3,
-            ffn_rows, torch.randn(30, H, generator=g) * 0.3)
+    return (
+        q_rows,
+        torch.randn(7, H, generator=g) * 0.3,
+        ffn_rows,
+        torch.randn(30, H, generator=g) * 0.3,
+    )
 
 
 def _edit_hf(hf, way):
@@ -110,8 +115,9 @@ def test_loaded_model_keeps_one_packed_copy(bert, backend):
         assert cpu_weights.is_packed(getattr(L, name).weight), name
     # after the first forward: nothing cached anywhere, one copy of every weight
     assert model.weight_nbytes() <= 1.15 * _checkpoint_bytes(folder)
-    assert not any(isinstance(v, dict) and v for k, v in vars(cpu_weights).items()
-                   if "cache" in k.lower())
+    assert not any(
+        isinstance(v, dict) and v for k, v in vars(cpu_weights).items() if "cache" in k.lower()
+    )
 
 
 def test_torch_backend_keeps_plain_weights(bert):
@@ -169,8 +175,9 @@ def test_edit_weights_context_and_load_state_dict(bert):
         qkv[q_rows] = q_val
         ffn = sd["layers.1.ffn_in.weight"].clone()
         ffn[f_rows] = f_val
-        model.load_state_dict({"layers.0.qkv.weight": qkv, "layers.1.ffn_in.weight": ffn},
-                              strict=False)
+        model.load_state_dict(
+            {"layers.0.qkv.weight": qkv, "layers.1.ffn_in.weight": ffn}, strict=False
+        )
     assert cpu_weights.is_packed(_layer(model, 1).ffn_in.weight)
     _check(model(**batch).last_hidden_state, _ref(ref_hf, batch), batch, "edit_weights")
 
@@ -182,8 +189,9 @@ def test_packed_model_reads_copies_and_converts(bert):
     expected = _ref(hf, batch)
     # the packed weight reads as the checkpoint's values
     w = _layer(model, 0).attn_out.weight
-    torch.testing.assert_close(w + 0, hf.encoder.layer[0].attention.output.dense.weight,
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        w + 0, hf.encoder.layer[0].attention.output.dense.weight, rtol=0, atol=0
+    )
     _check(copy.deepcopy(model)(**batch).last_hidden_state, expected, batch, "deepcopy")
     buf = io.BytesIO()  # saved as the plain weights
     torch.save(model.state_dict(), buf)
@@ -216,8 +224,7 @@ def _optimized(backend):
 
 def _write_hf_param(way, model, which, rows, value):
     layer = model.encoder.layer[0 if which == "q" else 1]
-    w = (layer.attention.self.query.weight if which == "q"
-         else layer.intermediate.dense.weight)
+    w = layer.attention.self.query.weight if which == "q" else layer.intermediate.dense.weight
     _write(way, w, rows, value)
 
 

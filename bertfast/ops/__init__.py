@@ -40,6 +40,7 @@ itself. The model does so: it validates its inputs once per forward with a singl
 device-to-host read, and its internal op calls pass ``validate=False``, so the
 forward pass does not sync per layer.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -94,11 +95,7 @@ def _eager(x: Tensor) -> bool:
     directly: plain tensors, no tracing, no torch_dispatch mode active. This saves
     ~20 us per op in eager mode (it matters at batch 1); under torch.compile, export,
     FakeTensor or any dispatch mode the registered custom op runs as usual."""
-    return (
-        type(x) is Tensor
-        and not torch.compiler.is_compiling()
-        and _dispatch_stack_len() == 0
-    )
+    return type(x) is Tensor and not torch.compiler.is_compiling() and _dispatch_stack_len() == 0
 
 
 class _op:
@@ -113,8 +110,9 @@ class _op:
 
     def __call__(self, fn):
         self.impl = fn
-        self.op = torch.library.custom_op(f"bertfast::{self.name}",
-                                          mutates_args=self.mutates_args)(fn)
+        self.op = torch.library.custom_op(f"bertfast::{self.name}", mutates_args=self.mutates_args)(
+            fn
+        )
         return self
 
     def register_fake(self, fake):
@@ -130,6 +128,7 @@ class _op:
 try:  # private but long-standing; without it, always go through the dispatcher
     _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 except AttributeError:  # pragma: no cover
+
     def _dispatch_stack_len():
         return 1
 
@@ -149,8 +148,17 @@ def _embed_layernorm(
     backend: str,
     validate: bool = True,
 ) -> Tensor:
-    args = (input_ids, position_ids, token_type_ids, word_embeddings, position_embeddings,
-            token_type_embeddings, weight, bias, eps)
+    args = (
+        input_ids,
+        position_ids,
+        token_type_ids,
+        word_embeddings,
+        position_embeddings,
+        token_type_embeddings,
+        weight,
+        bias,
+        eps,
+    )
     _check(checks.embed_layernorm, validate, *args)
     return _run("embed_layernorm", backend, word_embeddings, *args)
 
@@ -160,19 +168,46 @@ def _(input_ids, position_ids, token_type_ids, word_embeddings, *rest):
     return word_embeddings.new_empty(tuple(input_ids.shape) + (word_embeddings.shape[1],))
 
 
-def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
-                    position_embeddings, token_type_embeddings, weight, bias,
-                    eps: float = 1e-12, backend: str = "auto", *,
-                    validate: bool = True) -> Tensor:
-    return _embed_layernorm.run(input_ids, position_ids, token_type_ids, word_embeddings,
-                                position_embeddings, token_type_embeddings, weight, bias,
-                                float(eps), backend, bool(validate))
+def embed_layernorm(
+    input_ids,
+    position_ids,
+    token_type_ids,
+    word_embeddings,
+    position_embeddings,
+    token_type_embeddings,
+    weight,
+    bias,
+    eps: float = 1e-12,
+    backend: str = "auto",
+    *,
+    validate: bool = True,
+) -> Tensor:
+    return _embed_layernorm.run(
+        input_ids,
+        position_ids,
+        token_type_ids,
+        word_embeddings,
+        position_embeddings,
+        token_type_embeddings,
+        weight,
+        bias,
+        float(eps),
+        backend,
+        bool(validate),
+    )
 
 
 # ---------------------------------------------------------------- add_layernorm
 @_op("add_layernorm", ())
-def _add_layernorm(x: Tensor, residual: Tensor, bias: Optional[Tensor], weight: Tensor,
-                   ln_bias: Tensor, eps: float, backend: str) -> Tensor:
+def _add_layernorm(
+    x: Tensor,
+    residual: Tensor,
+    bias: Optional[Tensor],
+    weight: Tensor,
+    ln_bias: Tensor,
+    eps: float,
+    backend: str,
+) -> Tensor:
     checks.add_layernorm(x, residual, bias, weight, ln_bias, eps)
     return _run("add_layernorm", backend, x, x, residual, bias, weight, ln_bias, eps)
 
@@ -182,8 +217,9 @@ def _(x, *rest):
     return torch.empty_like(x)
 
 
-def add_layernorm(x, residual, bias, weight, ln_bias, eps: float = 1e-12,
-                  backend: str = "auto") -> Tensor:
+def add_layernorm(
+    x, residual, bias, weight, ln_bias, eps: float = 1e-12, backend: str = "auto"
+) -> Tensor:
     return _add_layernorm.run(x, residual, bias, weight, ln_bias, float(eps), backend)
 
 
@@ -240,8 +276,9 @@ def linear(x, weight, bias=None, backend: str = "auto") -> Tensor:
 
 # ---------------------------------------------------------------- linear_gelu
 @_op("linear_gelu", ())
-def _linear_gelu(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str,
-                 backend: str) -> Tensor:
+def _linear_gelu(
+    x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str, backend: str
+) -> Tensor:
     checks.linear_gelu(x, weight, bias, activation)
     return _run("linear_gelu", backend, x, x, weight, bias, activation)
 
@@ -262,8 +299,9 @@ def linear_gelu(x, weight, bias=None, activation: str = "gelu", backend: str = "
 # graph as a tensor subclass; its plain panel tensor goes to this op instead. In
 # eager mode ``linear``/``linear_gelu`` take the PackedWeight directly.
 @_op("linear_packed", ())
-def _linear_packed(x: Tensor, packed: Tensor, bias: Optional[Tensor], out_features: int,
-                   activation: Optional[str]) -> Tensor:
+def _linear_packed(
+    x: Tensor, packed: Tensor, bias: Optional[Tensor], out_features: int, activation: Optional[str]
+) -> Tensor:
     return cpu_weights.linear_panels(x, packed, bias, out_features, activation)
 
 
@@ -274,8 +312,9 @@ def _(x, packed, bias, out_features, activation):
 
 # ---------------------------------------------------------------- attention
 @_op("attention", ())
-def _attention(qkv: Tensor, attention_mask: Optional[Tensor], num_heads: int, scale: float,
-               backend: str) -> Tensor:
+def _attention(
+    qkv: Tensor, attention_mask: Optional[Tensor], num_heads: int, scale: float, backend: str
+) -> Tensor:
     checks.attention(qkv, attention_mask, num_heads, scale)
     return _run("attention", backend, qkv, qkv, attention_mask, num_heads, scale)
 
@@ -285,15 +324,27 @@ def _(qkv, *rest):
     return qkv.new_empty(tuple(qkv.shape[:-1]) + (qkv.shape[-1] // 3,))
 
 
-def attention(qkv, attention_mask=None, num_heads: int = 1, scale: Optional[float] = None,
-              backend: str = "auto") -> Tensor:
+def attention(
+    qkv,
+    attention_mask=None,
+    num_heads: int = 1,
+    scale: Optional[float] = None,
+    backend: str = "auto",
+) -> Tensor:
     num_heads, scale = checks.attention_args("attention", qkv, num_heads, scale)
     return _attention.run(qkv, attention_mask, num_heads, scale, backend)
 
 
 @_op("attention_varlen", ())
-def _attention_varlen(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int, num_heads: int,
-                      scale: float, backend: str, validate: bool = True) -> Tensor:
+def _attention_varlen(
+    qkv: Tensor,
+    cu_seqlens: Tensor,
+    max_seqlen: int,
+    num_heads: int,
+    scale: float,
+    backend: str,
+    validate: bool = True,
+) -> Tensor:
     _check(checks.attention_varlen, validate, qkv, cu_seqlens, max_seqlen, num_heads, scale)
     return _run("attention_varlen", backend, qkv, qkv, cu_seqlens, max_seqlen, num_heads, scale)
 
@@ -303,14 +354,22 @@ def _(qkv, *rest):
     return qkv.new_empty((qkv.shape[0], qkv.shape[1] // 3))
 
 
-def attention_varlen(qkv, cu_seqlens, max_seqlen: int, num_heads: int,
-                     scale: Optional[float] = None, backend: str = "auto", *,
-                     validate: bool = True) -> Tensor:
+def attention_varlen(
+    qkv,
+    cu_seqlens,
+    max_seqlen: int,
+    num_heads: int,
+    scale: Optional[float] = None,
+    backend: str = "auto",
+    *,
+    validate: bool = True,
+) -> Tensor:
     """``max_seqlen`` may exceed the longest sequence (it is an upper bound, e.g. the
     padded length); it must not be smaller."""
     num_heads, scale = checks.attention_args("attention_varlen", qkv, num_heads, scale)
-    return _attention_varlen.run(qkv, cu_seqlens, _int(max_seqlen), num_heads, scale, backend,
-                                 bool(validate))
+    return _attention_varlen.run(
+        qkv, cu_seqlens, _int(max_seqlen), num_heads, scale, backend, bool(validate)
+    )
 
 
 # ---------------------------------------------------------------- pack / unpack
@@ -332,8 +391,9 @@ def pack_tokens(x, indices, backend: str = "auto", *, validate: bool = True) -> 
 
 
 @_op("unpack_tokens", ())
-def _unpack_tokens(x: Tensor, indices: Tensor, num_rows: int, backend: str,
-                   validate: bool = True) -> Tensor:
+def _unpack_tokens(
+    x: Tensor, indices: Tensor, num_rows: int, backend: str, validate: bool = True
+) -> Tensor:
     _check(checks.unpack_tokens, validate, x, indices, num_rows)
     if not x.is_floating_point():
         return reference.unpack_tokens(x, indices, num_rows)
@@ -345,6 +405,7 @@ def _(x, indices, num_rows, backend, validate=True):
     return x.new_empty((num_rows,) + tuple(x.shape[1:]))
 
 
-def unpack_tokens(x, indices, num_rows: int, backend: str = "auto", *,
-                  validate: bool = True) -> Tensor:
+def unpack_tokens(
+    x, indices, num_rows: int, backend: str = "auto", *, validate: bool = True
+) -> Tensor:
     return _unpack_tokens.run(x, indices, _int(num_rows), backend, bool(validate))

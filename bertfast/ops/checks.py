@@ -11,12 +11,12 @@ CUDA graph and inside :func:`values_checked`, which a caller that has validated
 the values itself (the model, once per forward) wraps around its op calls; new
 value checks should be guarded by :func:`_can_sync` (as ``check_range`` is).
 """
+
 from __future__ import annotations
 
 import contextlib
 import operator
 import threading
-from typing import Optional
 
 import torch
 
@@ -42,7 +42,7 @@ def float_tensor(op: str, name: str, t: torch.Tensor, dtype=None, device=None, n
         _fail(op, f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
 
 
-def vector(op: str, name: str, t: Optional[torch.Tensor], size: int, like: torch.Tensor):
+def vector(op: str, name: str, t: torch.Tensor | None, size: int, like: torch.Tensor):
     if t is None:
         return
     float_tensor(op, name, t, like.dtype, like.device, 1)
@@ -55,8 +55,12 @@ def index_tensor(op: str, name: str, t: torch.Tensor, shape, device, limit: int,
     if not isinstance(t, torch.Tensor):
         _fail(op, f"{name} must be a tensor, got {type(t).__name__}", TypeError)
     if t.dtype not in INT_DTYPES:
-        _fail(op, f"{name} must be an int64 or int32 tensor of ids, got {t.dtype} "
-                  f"(convert it with .long())", TypeError)
+        _fail(
+            op,
+            f"{name} must be an int64 or int32 tensor of ids, got {t.dtype} "
+            f"(convert it with .long())",
+            TypeError,
+        )
     if tuple(t.shape) != tuple(shape):
         _fail(op, f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
     if t.device != device:
@@ -100,8 +104,11 @@ def attention_mask_2d(op: str, mask):
     if mask.dim() != 2:
         _fail(op, f"attention_mask must be [batch, seq_len], got shape {tuple(mask.shape)}")
     if mask.is_complex():
-        _fail(op, f"attention_mask must be a bool, integer or float tensor, got {mask.dtype}",
-              TypeError)
+        _fail(
+            op,
+            f"attention_mask must be a bool, integer or float tensor, got {mask.dtype}",
+            TypeError,
+        )
 
 
 _state = threading.local()
@@ -168,11 +175,13 @@ def embed_layernorm(input_ids, position_ids, token_type_ids, word, pos, types, w
         _fail(op, f"input_ids must be a tensor, got {type(input_ids).__name__}", TypeError)
     shape = input_ids.shape
     index_tensor(op, "input_ids", input_ids, shape, dev, word.shape[0], "vocabulary size")
-    index_tensor(op, "position_ids", position_ids, shape, dev, pos.shape[0],
-                 "max_position_embeddings")
+    index_tensor(
+        op, "position_ids", position_ids, shape, dev, pos.shape[0], "max_position_embeddings"
+    )
     if types is not None:
-        index_tensor(op, "token_type_ids", token_type_ids, shape, dev, types.shape[0],
-                     "type_vocab_size")
+        index_tensor(
+            op, "token_type_ids", token_type_ids, shape, dev, types.shape[0], "type_vocab_size"
+        )
     if not eps > 0:
         _fail(op, f"eps must be positive, got {eps}")
 
@@ -237,8 +246,10 @@ def attention(qkv, mask, num_heads, scale):
     if mask is not None:
         attention_mask_2d(op, mask)
         if tuple(mask.shape) != tuple(qkv.shape[:2]):
-            _fail(op, f"attention_mask shape {tuple(mask.shape)} != [batch, seq] "
-                      f"{tuple(qkv.shape[:2])}")
+            _fail(
+                op,
+                f"attention_mask shape {tuple(mask.shape)} != [batch, seq] {tuple(qkv.shape[:2])}",
+            )
         if mask.device != qkv.device:
             _fail(op, f"attention_mask is on {mask.device}, qkv on {qkv.device}")
 
@@ -267,8 +278,12 @@ def _indices(op, indices):
     if not isinstance(indices, torch.Tensor):
         _fail(op, f"indices must be a tensor, got {type(indices).__name__}", TypeError)
     if indices.dim() != 1 or indices.dtype != torch.int64:
-        _fail(op, f"indices must be a 1-D int64 tensor, got {indices.dtype} of shape "
-                  f"{tuple(indices.shape)}", TypeError)
+        _fail(
+            op,
+            f"indices must be a 1-D int64 tensor, got {indices.dtype} of shape "
+            f"{tuple(indices.shape)}",
+            TypeError,
+        )
 
 
 def pack_tokens(x, indices):
@@ -287,6 +302,7 @@ def unpack_tokens(x, indices, num_rows):
     if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 0:
         _fail(op, f"num_rows must be a non-negative integer, got {num_rows!r}")
     if indices.dim() != 1 or indices.dtype != torch.int64 or indices.shape[0] != x.shape[0]:
-        _fail(op, f"indices must be 1-D int64 with {x.shape[0]} entries (one per row of x)",
-              TypeError)
+        _fail(
+            op, f"indices must be 1-D int64 with {x.shape[0]} entries (one per row of x)", TypeError
+        )
     index_tensor(op, "indices", indices, indices.shape, x.device, num_rows, "num_rows")

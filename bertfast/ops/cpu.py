@@ -16,7 +16,6 @@ see ``cpu_weights.py``); in fp16 / bf16 they are ``torch.matmul`` + that kernel.
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -85,8 +84,7 @@ def bias_gelu_(x, bias, act):
         x.copy_(_kernels.bias_act(x.contiguous(), bias, act, True))
 
 
-def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
-           act: Optional[str] = None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, act: str | None = None) -> Tensor:
     """fp32 ``act(x @ weight.T + bias)``; ``act=None`` is a plain linear layer.
 
     A :class:`~bertfast.ops.cpu_weights.PackedWeight` (owned by a model bertfast

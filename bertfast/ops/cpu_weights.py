@@ -21,10 +21,10 @@ kinds of weight reach ``cpu.linear``:
   call lost to ``F.linear`` at every row count up to 2048, so it is off by default;
   machines where the C++ GEMM is well ahead of the vendor BLAS (AMD Zen) may set it.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -38,15 +38,16 @@ except (ImportError, AttributeError):  # pragma: no cover - only without a build
     _kernels = None
 
 
-def _env_rows() -> Optional[int]:
+def _env_rows() -> int | None:
     raw = os.environ.get("BERTFAST_CPU_PACK_MIN_ROWS", "").strip().lower()
     if raw in ("", "never", "off", "none"):
         return None
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"BERTFAST_CPU_PACK_MIN_ROWS={raw!r} is not a row count (an integer, "
-                         f"or 'never')") from None
+        raise ValueError(
+            f"BERTFAST_CPU_PACK_MIN_ROWS={raw!r} is not a row count (an integer, or 'never')"
+        ) from None
     if value < 0:
         raise ValueError(f"BERTFAST_CPU_PACK_MIN_ROWS={value} must be >= 0")
     return value
@@ -54,7 +55,7 @@ def _env_rows() -> Optional[int]:
 
 #: Rows from which a plain (unowned) fp32 weight is packed per call for the C++
 #: GEMM instead of going to ``F.linear``; None: never (see the module notes).
-PACK_MIN_ROWS: Optional[int] = _env_rows()
+PACK_MIN_ROWS: int | None = _env_rows()
 
 
 def panel_width() -> int:
@@ -72,7 +73,7 @@ def unpack(packed: Tensor, N: int, K: int, nr: int) -> Tensor:
     return panels.transpose(1, 2).reshape(-1, K)[:N].clone()
 
 
-def packed_for_call(weight: Tensor, rows: int) -> Optional[Tensor]:
+def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
     """The packed panels the C++ GEMM should use for ``weight`` at ``rows`` rows,
     or None for ``F.linear``. Never cached: a plain weight is read at every call."""
     if isinstance(weight, PackedWeight):
@@ -82,16 +83,19 @@ def packed_for_call(weight: Tensor, rows: int) -> Optional[Tensor]:
     return None
 
 
-def linear_panels(x: Tensor, packed: Tensor, bias: Optional[Tensor], out_features: int,
-                  activation: Optional[str]) -> Tensor:
+def linear_panels(
+    x: Tensor, packed: Tensor, bias: Tensor | None, out_features: int, activation: str | None
+) -> Tensor:
     """``activation(x @ W.T + bias)`` for W held as ``packed`` panels (the C++ GEMM)."""
     b = None if bias is None else bias.contiguous()
     return _kernels.linear_packed(x.contiguous(), packed, b, out_features, activation, True)
 
 
-_READ_ONLY = ("bertfast: this weight is packed for the CPU GEMM and owned by the model "
-              "(one copy, read-only); call model.unpack_weights(), edit the weights, then "
-              "model.refresh() (see README, 'Weights')")
+_READ_ONLY = (
+    "bertfast: this weight is packed for the CPU GEMM and owned by the model "
+    "(one copy, read-only); call model.unpack_weights(), edit the weights, then "
+    "model.refresh() (see README, 'Weights')"
+)
 
 
 class PackedWeight(Tensor):
@@ -107,8 +111,9 @@ class PackedWeight(Tensor):
 
     @staticmethod
     def __new__(cls, packed: Tensor, shape, nr: int):
-        out = Tensor._make_wrapper_subclass(cls, tuple(shape), dtype=torch.float32,
-                                            device=packed.device, requires_grad=False)
+        out = Tensor._make_wrapper_subclass(
+            cls, tuple(shape), dtype=torch.float32, device=packed.device, requires_grad=False
+        )
         out._packed = packed
         out._nr = int(nr)
         out._out_features = int(shape[0])
@@ -118,7 +123,7 @@ class PackedWeight(Tensor):
         super().__init__()
 
     @classmethod
-    def of(cls, weight: Tensor) -> "PackedWeight":
+    def of(cls, weight: Tensor) -> PackedWeight:
         return cls(pack(weight), weight.shape, panel_width())
 
     def dense(self) -> Tensor:
@@ -151,8 +156,11 @@ class PackedWeight(Tensor):
             return PackedWeight(w._packed, w.shape, w._nr)
 
         def unwrap(t):
-            return t.dense() if isinstance(t, PackedWeight) else (
-                t._dense if isinstance(t, _ReadOnlyView) else t)
+            return (
+                t.dense()
+                if isinstance(t, PackedWeight)
+                else (t._dense if isinstance(t, _ReadOnlyView) else t)
+            )
 
         out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
         if any(r.alias_info is not None for r in schema.returns):
@@ -170,9 +178,14 @@ class _ReadOnlyView(Tensor):
 
     @staticmethod
     def __new__(cls, dense: Tensor):
-        out = Tensor._make_wrapper_subclass(cls, dense.shape, strides=dense.stride(),
-                                            dtype=dense.dtype, device=dense.device,
-                                            requires_grad=False)
+        out = Tensor._make_wrapper_subclass(
+            cls,
+            dense.shape,
+            strides=dense.stride(),
+            dtype=dense.dtype,
+            device=dense.device,
+            requires_grad=False,
+        )
         out._dense = dense
         return out
 
@@ -208,6 +221,7 @@ def can_pack(backend: str, device: torch.device, dtype: torch.dtype) -> bool:
         return False
     name = _requested(backend)
     if name == "auto":
-        name = next((n for n in PREFERENCE["cpu"]
-                     if n != "cpu" or cpu.IMPORT_ERROR is None), "torch")
+        name = next(
+            (n for n in PREFERENCE["cpu"] if n != "cpu" or cpu.IMPORT_ERROR is None), "torch"
+        )
     return name == "cpu"

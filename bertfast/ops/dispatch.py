@@ -23,13 +23,15 @@ that supports the input. Naming a backend forces it; if it cannot run the input,
 the error says why. When no backend fits, :class:`BackendError` lists every
 backend's reason.
 """
+
 from __future__ import annotations
 
 import importlib
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional
+from typing import Optional
 
 import torch
 
@@ -65,7 +67,7 @@ class BackendError(RuntimeError):
     """No backend can run this input (or the one that was asked for cannot)."""
 
 
-Reason = Optional[str]
+Reason = Optional[str]  # noqa: UP045 (a runtime alias: str | None needs 3.10 eval)
 
 
 @dataclass
@@ -81,8 +83,8 @@ class Backend:
 
     name: str
     device_types: tuple
-    ops: Dict[str, Callable] = field(default_factory=dict)
-    supports: Dict[str, Callable[..., Reason]] = field(default_factory=dict)
+    ops: dict[str, Callable] = field(default_factory=dict)
+    supports: dict[str, Callable[..., Reason]] = field(default_factory=dict)
     dtypes: tuple = (torch.float32, torch.float16, torch.bfloat16)
     unavailable: Callable[[str], Reason] = lambda device_type: None
 
@@ -114,7 +116,7 @@ class _Unimportable:
 
 
 _lock = threading.Lock()
-_backends: Dict[str, object] = {}
+_backends: dict[str, object] = {}
 
 
 def get_backend(name: str):
@@ -179,7 +181,7 @@ def call(op: str, backend: str, device_type: str, dtype: torch.dtype, *args):
     return select(op, backend, device_type, dtype, args)(*args)
 
 
-def backend_status(device_type: str) -> Dict[str, Reason]:
+def backend_status(device_type: str) -> dict[str, Reason]:
     """For each backend: None if it can run on ``device_type``, else why not."""
     out = {}
     for name in BACKEND_NAMES:

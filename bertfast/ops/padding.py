@@ -16,6 +16,7 @@ whose fake implementation has a data-dependent size, and ``max_seqlen`` is the p
 length ``S`` (an upper bound of every row's length, known from the shape), so the
 whole padding-free encoder traces as one graph.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,9 +30,9 @@ __all__ = ["PackInfo", "pack_info", "pack_info_from_counts", "mask_lengths"]
 
 @dataclass(frozen=True)
 class PackInfo:
-    indices: torch.Tensor     # [T] int64: flat positions (b * S + s) of real tokens
+    indices: torch.Tensor  # [T] int64: flat positions (b * S + s) of real tokens
     cu_seqlens: torch.Tensor  # [B + 1] int32: prefix sums of real-token counts
-    max_seqlen: int           # longest row in real tokens (eager); S while compiling
+    max_seqlen: int  # longest row in real tokens (eager); S while compiling
     batch: int
     seqlen: int
 
@@ -65,8 +66,13 @@ def _cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
     return cu
 
 
-def pack_info_from_counts(attention_mask: torch.Tensor, keep: torch.Tensor,
-                          lengths: torch.Tensor, total: int, max_seqlen: int) -> PackInfo:
+def pack_info_from_counts(
+    attention_mask: torch.Tensor,
+    keep: torch.Tensor,
+    lengths: torch.Tensor,
+    total: int,
+    max_seqlen: int,
+) -> PackInfo:
     """``PackInfo`` of a mask whose real-token count ``total`` and longest row
     ``max_seqlen`` the caller has already read back (``keep``/``lengths`` from
     :func:`mask_lengths`): no host sync. The counts must be the mask's."""
@@ -110,5 +116,7 @@ def _(attention_mask):
     n = B * S
     bound = {"max": n} if isinstance(n, int) else {}  # a bound must be a plain int
     total = torch.library.get_ctx().new_dynamic_size(**bound)
-    return (attention_mask.new_empty((total,), dtype=torch.int64),
-            attention_mask.new_empty((B + 1,), dtype=torch.int32))
+    return (
+        attention_mask.new_empty((total,), dtype=torch.int64),
+        attention_mask.new_empty((B + 1,), dtype=torch.int32),
+    )

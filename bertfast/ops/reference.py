@@ -7,10 +7,8 @@ functions. Each function takes exactly the arguments of the op contract in
 Numerics (docs/design.md): statistics and accumulators in fp32 whatever the storage
 dtype; outputs in the storage dtype of the activations; padded positions are zero.
 """
-from __future__ import annotations
 
-import math
-from typing import Optional
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
@@ -34,10 +32,10 @@ def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
 def embed_layernorm(
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
-    token_type_ids: Optional[torch.Tensor],
+    token_type_ids: torch.Tensor | None,
     word_embeddings: torch.Tensor,
     position_embeddings: torch.Tensor,
-    token_type_embeddings: Optional[torch.Tensor],
+    token_type_embeddings: torch.Tensor | None,
     weight: torch.Tensor,
     bias: torch.Tensor,
     eps: float,
@@ -59,7 +57,7 @@ def embed_layernorm(
 def add_layernorm(
     x: torch.Tensor,
     residual: torch.Tensor,
-    bias: Optional[torch.Tensor],
+    bias: torch.Tensor | None,
     weight: torch.Tensor,
     ln_bias: torch.Tensor,
     eps: float,
@@ -70,24 +68,24 @@ def add_layernorm(
     return F.layer_norm(h, (h.shape[-1],), weight, ln_bias, eps)
 
 
-def bias_gelu(x: torch.Tensor, bias: Optional[torch.Tensor], act: str) -> torch.Tensor:
+def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None, act: str) -> torch.Tensor:
     """act(x + bias), act in ``gelu`` (erf), ``gelu_tanh``, ``relu``."""
     return activation(x + bias if bias is not None else x, act)
 
 
-def bias_gelu_(x: torch.Tensor, bias: Optional[torch.Tensor], act: str) -> None:
+def bias_gelu_(x: torch.Tensor, bias: torch.Tensor | None, act: str) -> None:
     """In-place ``bias_gelu``: writes act(x + bias) into ``x``."""
     x.copy_(bias_gelu(x, bias, act))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ weight.T + bias: a projection with nothing to fuse (QKV, attention output,
     FFN down-projection). Backends whose own GEMM beats the framework's register it."""
     return F.linear(x, weight, bias)
 
 
 def linear_gelu(
-    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], act: str
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str
 ) -> torch.Tensor:
     """act(x @ weight.T + bias): the FFN up-projection with its activation."""
     return activation(F.linear(x, weight, bias), act)
@@ -104,7 +102,7 @@ def _split_heads(qkv: torch.Tensor, num_heads: int):
 
 def attention(
     qkv: torch.Tensor,
-    attention_mask: Optional[torch.Tensor],
+    attention_mask: torch.Tensor | None,
     num_heads: int,
     scale: float,
 ) -> torch.Tensor:
@@ -113,8 +111,8 @@ def attention(
     ``qkv`` is ``[B, S, 3H]`` (``[Q | K | V]``, heads contiguous inside each);
     ``attention_mask`` is ``[B, S]`` (nonzero = real token) or None. Computes
     ``softmax(scale * Q K^T + mask) V`` per head in fp32 (fp64 for the float64 gold)
-    and returns ``[B, S, H]`` with heads merged; rows at padded query positions are zero (so a sequence whose
-    mask is all zero gives zeros).
+    and returns ``[B, S, H]`` with heads merged; rows at padded query positions are
+    zero (so a sequence whose mask is all zero gives zeros).
     """
     B, S, H3 = qkv.shape
     H = H3 // 3

@@ -39,7 +39,7 @@ constexpr int64_t BLOCK_N = 128;  // keys per online-softmax step
 //   AVX-512 (x86-64-v4): 16 lanes, ROWS = 8 (16 zmm accumulators), head_dim padded to 32
 //   AVX2/FMA (baseline):  8 lanes, ROWS = 4 (8 ymm accumulators), head_dim padded to 16
 // One micro-tile covers 2 vectors of keys (scores) or head dims (P.V).
-typedef float v8f __attribute__((vector_size(32), aligned(4)));   // aligned(4): unaligned loads ok
+typedef float v8f __attribute__((vector_size(32), aligned(4)));  // aligned(4): unaligned loads ok
 typedef float v16f __attribute__((vector_size(64), aligned(4)));
 
 // Unaligned vector load / store (memcpy: an aligned(4) typedef does not stop GCC
@@ -250,16 +250,16 @@ BF_INLINE void attention_task(T* out, const T* qkv, const Sequence& sq, int64_t 
 // them (an outlined parallel region would not inherit the target attribute).
 // prefer-vector-width=512: the softmax loops in 16 lanes too.
 template <typename T>
-__attribute__((target("arch=x86-64-v4,prefer-vector-width=512"))) __attribute__((noinline)) void task_avx512(
-    T* out, const T* qkv, const Sequence& sq, int64_t h, int64_t q0, int64_t num_heads,
-    int64_t hidden, float scale, Scratch& sc) {
+__attribute__((target("arch=x86-64-v4,prefer-vector-width=512"))) __attribute__((noinline)) void
+task_avx512(T* out, const T* qkv, const Sequence& sq, int64_t h, int64_t q0, int64_t num_heads,
+            int64_t hidden, float scale, Scratch& sc) {
   attention_task<T, v16f, 16, 8>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
 }
 
 template <typename T>
 __attribute__((noinline)) void task_avx2(T* out, const T* qkv, const Sequence& sq, int64_t h,
-                                         int64_t q0, int64_t num_heads, int64_t hidden,
-                                         float scale, Scratch& sc) {
+                                         int64_t q0, int64_t num_heads, int64_t hidden, float scale,
+                                         Scratch& sc) {
   attention_task<T, v8f, 8, 4>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
 }
 
@@ -321,20 +321,22 @@ void attention_padded(int dtype, void* out, const void* qkv, const uint8_t* mask
   if (num_heads <= 0 || hidden % num_heads)
     throw std::invalid_argument("bertfast cpu attention: hidden not divisible by num_heads");
   std::vector<Sequence> seqs(batch);
-  for (int64_t b = 0; b < batch; ++b) seqs[b] = {b * seqlen, seqlen, mask ? mask + b * seqlen : nullptr};
+  for (int64_t b = 0; b < batch; ++b)
+    seqs[b] = {b * seqlen, seqlen, mask ? mask + b * seqlen : nullptr};
   BF_DISPATCH_DTYPE(dtype, T,
                     attention_impl<T>(static_cast<T*>(out), static_cast<const T*>(qkv), seqs,
                                       num_heads, hidden, scale, num_threads));
 }
 
 void attention_varlen(int dtype, void* out, const void* qkv, const int32_t* cu_seqlens,
-                      int64_t batch, int64_t tokens, int64_t num_heads, int64_t hidden,
-                      float scale, int num_threads) {
+                      int64_t batch, int64_t tokens, int64_t num_heads, int64_t hidden, float scale,
+                      int num_threads) {
   if (num_heads <= 0 || hidden <= 0 || hidden % num_heads)
     throw std::invalid_argument("bertfast cpu attention_varlen: hidden not divisible by num_heads");
   // Bounds-safe whatever the caller checked: cu_seqlens must rise from 0 to tokens.
   if (batch < 0 || cu_seqlens[0] != 0 || cu_seqlens[batch] != tokens)
-    throw std::out_of_range("bertfast cpu attention_varlen: cu_seqlens must rise from 0 to the token count");
+    throw std::out_of_range(
+        "bertfast cpu attention_varlen: cu_seqlens must rise from 0 to the token count");
   std::vector<Sequence> seqs;
   seqs.reserve(batch);
   for (int64_t b = 0; b < batch; ++b) {

@@ -198,7 +198,7 @@ BF_INLINE float fast_exp(float x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   const float scale = bits_to_f32((ni + 127u) << 23);  // 2^n
-  const float e = p * scale;  // NaN when x is NaN (p is)
+  const float e = p * scale;                           // NaN when x is NaN (p is)
   return x < lo ? 0.0f : e;
 }
 

@@ -5,6 +5,7 @@ The parity rule of docs/design.md: against a float64 "gold" computed by the refe
 twice the error of the reference run in the same dtype, plus a small ``atol`` kept
 as data in ``ATOL`` with the reason for its value.
 """
+
 from __future__ import annotations
 
 import os
@@ -87,8 +88,10 @@ def cast(args, dtype, device=None):
 
 def skip_known_gaps(op: str, backend: str, dtype: torch.dtype):
     if backend == "triton" and INTERPRETED and dtype == torch.bfloat16 and op in DOT_OPS:
-        pytest.skip("the Triton interpreter computes tl.dot wrongly for bf16 inputs "
-                    "(checked on a GPU instead)")
+        pytest.skip(
+            "the Triton interpreter computes tl.dot wrongly for bf16 inputs "
+            "(checked on a GPU instead)"
+        )
 
 
 def run_backend(op: str, backend: str, args):
@@ -103,8 +106,14 @@ def run_backend(op: str, backend: str, args):
         pytest.skip(str(exc))
 
 
-def assert_within_rule(op: str, what: str, out: torch.Tensor, gold: torch.Tensor,
-                       same_dtype: torch.Tensor, dtype: torch.dtype) -> float:
+def assert_within_rule(
+    op: str,
+    what: str,
+    out: torch.Tensor,
+    gold: torch.Tensor,
+    same_dtype: torch.Tensor,
+    dtype: torch.dtype,
+) -> float:
     """The parity rule on computed tensors: ``out``'s max abs error against the float64
     ``gold`` is at most twice that of ``same_dtype`` (the reference run in ``dtype``)
     plus ``ATOL[op][dtype]``. For tests that call a kernel directly (no op to run);

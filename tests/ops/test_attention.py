@@ -1,4 +1,5 @@
 """attention (padded, key-padding mask) and attention_varlen (packed, cu_seqlens)."""
+
 import pytest
 import torch
 
@@ -31,7 +32,7 @@ def test_attention_padded(backend, dtype, lengths, heads, head_dim):
     B, H = len(lengths), heads * head_dim
     qkv = torch.randn(B, S, 3 * H)
     mask = _mask(lengths, S)
-    out = assert_parity("attention", backend, (qkv, mask, heads, head_dim ** -0.5), dtype)
+    out = assert_parity("attention", backend, (qkv, mask, heads, head_dim**-0.5), dtype)
     # Padded query rows (and every row of an all-masked sequence) are exactly zero.
     pad = ~mask.bool().to(out.device)
     assert (out[pad] == 0).all()
@@ -69,8 +70,9 @@ def test_attention_varlen(backend, dtype, lengths, heads, head_dim):
     qkv = torch.randn(T, 3 * H)
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(lengths).cumsum(0)
-    assert_parity("attention_varlen", backend,
-                  (qkv, cu, max(lengths), heads, head_dim ** -0.5), dtype)
+    assert_parity(
+        "attention_varlen", backend, (qkv, cu, max(lengths), heads, head_dim**-0.5), dtype
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -83,15 +85,18 @@ def test_attention_varlen_matches_padded(backend):
     mask = _mask(lengths, S).to(device)
     info = ops.pack_info(mask)
     packed = ops.pack_tokens(qkv.view(B * S, 3 * H), info.indices)
-    out_var = run_backend("attention_varlen",
-                          backend, (packed, info.cu_seqlens, info.max_seqlen, heads, d ** -0.5))
-    out_pad = run_backend("attention", backend, (qkv, mask, heads, d ** -0.5))
+    out_var = run_backend(
+        "attention_varlen", backend, (packed, info.cu_seqlens, info.max_seqlen, heads, d**-0.5)
+    )
+    out_pad = run_backend("attention", backend, (qkv, mask, heads, d**-0.5))
     back = ops.unpack_tokens(out_var, info.indices, B * S).view(B, S, H)
     torch.testing.assert_close(back, out_pad, atol=1e-5, rtol=1e-5)
     # A sequence alone gives what it gives inside the batch.
-    alone = run_backend("attention_varlen", backend,
-                        (packed[9:12], torch.tensor([0, 3], dtype=torch.int32, device=device),
-                         3, heads, d ** -0.5))
+    alone = run_backend(
+        "attention_varlen",
+        backend,
+        (packed[9:12], torch.tensor([0, 3], dtype=torch.int32, device=device), 3, heads, d**-0.5),
+    )
     torch.testing.assert_close(alone, out_var[9:12], atol=1e-6, rtol=1e-5)
 
 
@@ -102,7 +107,8 @@ def test_attention_rejects_bad_shapes():
     with pytest.raises(ValueError, match="not divisible by num_heads"):
         ops.attention(qkv, None, 5)
     with pytest.raises(ValueError, match="cu_seqlens must rise"):
-        ops.attention_varlen(torch.randn(6, 3 * 96), torch.tensor([0, 4, 5], dtype=torch.int32),
-                             4, 3)
+        ops.attention_varlen(
+            torch.randn(6, 3 * 96), torch.tensor([0, 4, 5], dtype=torch.int32), 4, 3
+        )
     with pytest.raises(TypeError, match="int32"):
         ops.attention_varlen(torch.randn(6, 3 * 96), torch.tensor([0, 6]), 6, 3)

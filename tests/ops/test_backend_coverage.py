@@ -4,7 +4,6 @@ The per-op parity tests skip a backend that does not implement an op at all; thi
 file makes sure such a skip can never hide a missing kernel on a backend that is
 meant to be complete here.
 """
-import shutil
 
 import pytest
 import torch
@@ -50,6 +49,11 @@ def test_cuda_backend_is_complete_when_built():
 
 def test_auto_prefers_native_on_cpu():
     x = torch.randn(2, 8)
-    impl = dispatch.select("add_layernorm", "auto", "cpu", torch.float32,
-                           (x, x, None, torch.ones(8), torch.zeros(8), 1e-12))
+    impl = dispatch.select(
+        "add_layernorm",
+        "auto",
+        "cpu",
+        torch.float32,
+        (x, x, None, torch.ones(8), torch.zeros(8), 1e-12),
+    )
     assert impl is dispatch.get_backend("cpu").ops["add_layernorm"]

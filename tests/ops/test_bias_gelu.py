@@ -1,11 +1,20 @@
 """bias_gelu (out of place and in place), linear_gelu and linear against the reference."""
+
 import pytest
 import torch
 
 from bertfast.ops import reference
 
-from .harness import (ATOL, BACKENDS, DTYPES, assert_parity, cast, device_for, run_backend,
-                      skip_known_gaps)
+from .harness import (
+    ATOL,
+    BACKENDS,
+    DTYPES,
+    assert_parity,
+    cast,
+    device_for,
+    run_backend,
+    skip_known_gaps,
+)
 
 ACTS = ["gelu", "gelu_tanh", "relu"]
 
@@ -47,7 +56,7 @@ def test_bias_gelu_inplace(backend, dtype, act):
 def test_linear_gelu(backend, dtype, act, m, k, n):
     skip_known_gaps("linear_gelu", backend, dtype)
     x = torch.randn(m, k)
-    weight = torch.randn(n, k) / k ** 0.5
+    weight = torch.randn(n, k) / k**0.5
     bias = torch.randn(n)
     assert_parity("linear_gelu", backend, (x, weight, bias, act), dtype)
 
@@ -66,7 +75,7 @@ def test_linear_gelu_batched_no_bias(backend):
 @pytest.mark.parametrize("has_bias", [True, False])
 def test_linear(backend, dtype, m, k, n, has_bias):
     x = torch.randn(m, k)
-    weight = torch.randn(n, k) / k ** 0.5
+    weight = torch.randn(n, k) / k**0.5
     bias = torch.randn(n) if has_bias else None
     assert_parity("linear", backend, (x, weight, bias), dtype)
 

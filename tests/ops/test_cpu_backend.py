@@ -10,6 +10,7 @@ Every accuracy check applies the one parity rule of ``harness.py`` (float64 gold
 2x the reference's own error in the same dtype + the per-op ``ATOL`` table); the
 schema / fake-tensor check (opcheck) of every op and backend is test_opcheck.py.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -136,7 +137,7 @@ def test_half_conversions_bit_exact(dtype):
     # must match torch bit for bit (round to nearest even, subnormals, overflow, NaN).
     bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
     every = bits.view(dtype)  # every 16-bit pattern
-    shift = torch.tensor([0.0, 1.0, -0.5, 3.0e-5, 65504.0, 2.0 ** -24], dtype=torch.float32)
+    shift = torch.tensor([0.0, 1.0, -0.5, 3.0e-5, 65504.0, 2.0**-24], dtype=torch.float32)
     for s in shift.to(dtype):
         b = s.expand(every.shape[0]).contiguous()
         x = every.view(1, -1)
@@ -192,14 +193,15 @@ def test_embed_layernorm_types_and_packed_ids(dtype):
     ids = torch.randint(0, 100, (29,), generator=g).to(torch.int32)  # packed, int32 ids
     pids = torch.arange(29)
     tids = torch.randint(0, 2, (29,), generator=g)
-    assert_parity("embed_layernorm", "cpu", (ids, pids, tids, words, pos, types, w, b, 1e-12),
-                  dtype)
+    assert_parity(
+        "embed_layernorm", "cpu", (ids, pids, tids, words, pos, types, w, b, 1e-12), dtype
+    )
 
 
 # ---------------------------------------------------------------- attention
 def _attention_parity(qkv, mask, heads, dtype=torch.float32):
     d = qkv.shape[-1] // 3 // heads
-    return assert_parity("attention", "cpu", (qkv, mask, heads, d ** -0.5), dtype)
+    return assert_parity("attention", "cpu", (qkv, mask, heads, d**-0.5), dtype)
 
 
 @pytest.mark.parametrize("heads,head_dim", [(12, 32), (4, 80), (2, 17), (1, 128), (3, 96)])
@@ -208,9 +210,9 @@ def test_attention_shapes(heads, head_dim, seqlen):
     g = _gen(6)
     qkv = torch.randn(2, seqlen, 3 * heads * head_dim, generator=g)
     mask = torch.ones(2, seqlen, dtype=torch.long)
-    mask[1, (seqlen + 1) // 2:] = 0
+    mask[1, (seqlen + 1) // 2 :] = 0
     ours = _attention_parity(qkv, mask, heads)
-    assert (ours[1, (seqlen + 1) // 2:] == 0).all()
+    assert (ours[1, (seqlen + 1) // 2 :] == 0).all()
 
 
 @pytest.mark.parametrize("heads,head_dim", [(12, 32), (2, 64), (2, 17)])
@@ -222,22 +224,22 @@ def test_attention_long_sequences_query_and_key_blocks(heads, head_dim, seqlen):
     g = _gen(18)
     qkv = torch.randn(2, seqlen, 3 * heads * head_dim, generator=g)
     mask = torch.ones(2, seqlen, dtype=torch.long)
-    mask[1, seqlen - seqlen // 3:] = 0
+    mask[1, seqlen - seqlen // 3 :] = 0
     mask[1, 5:9] = 0
     with _threads(2):
         ours = _attention_parity(qkv, mask, heads)
     with _threads(1):
         one = ops.attention(qkv, mask, heads, backend="cpu")
     assert torch.equal(ours, one)
-    assert (ours[1, seqlen - seqlen // 3:] == 0).all()
+    assert (ours[1, seqlen - seqlen // 3 :] == 0).all()
 
 
 def test_attention_all_masked_row_and_holes():
     g = _gen(7)
     qkv = torch.randn(3, 40, 3 * 64, generator=g)
     mask = torch.ones(3, 40, dtype=torch.bool)
-    mask[0] = False                 # no real token at all: zeros
-    mask[1, ::3] = False            # holes (left padding and gaps are allowed)
+    mask[0] = False  # no real token at all: zeros
+    mask[1, ::3] = False  # holes (left padding and gaps are allowed)
     mask[2, :10] = False
     ours = _attention_parity(qkv, mask, 2)  # finite everywhere
     assert (ours[0] == 0).all()
@@ -261,7 +263,7 @@ def test_attention_varlen_matches_padded():
     lens = [5, 0, 130, 1, 64]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
     qkv = torch.randn(sum(lens), 3 * 160, generator=g)
-    assert_parity("attention_varlen", "cpu", (qkv, cu, max(lens), 2, 80 ** -0.5), torch.float32)
+    assert_parity("attention_varlen", "cpu", (qkv, cu, max(lens), 2, 80**-0.5), torch.float32)
 
 
 def test_attention_varlen_bad_cu_seqlens_raises():
@@ -319,8 +321,18 @@ def test_linear_gelu_is_matmul_plus_epilogue():
 
 
 @pytest.mark.parametrize("allow_avx512", [True, False], ids=["auto-isa", "avx2"])
-@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 33, 17), (65, 384, 1536), (130, 1536, 40),
-                                   (3, 0, 5), (200, 3000, 33), (70, 2000, 1100)])
+@pytest.mark.parametrize(
+    "m,k,n",
+    [
+        (1, 1, 1),
+        (7, 33, 17),
+        (65, 384, 1536),
+        (130, 1536, 40),
+        (3, 0, 5),
+        (200, 3000, 33),
+        (70, 2000, 1100),
+    ],
+)
 @pytest.mark.parametrize("act", [None, "gelu", "gelu_tanh", "relu"])
 def test_cpu_gemm_shapes_and_isas(allow_avx512, m, k, n, act):
     # kernels/cpu/gemm.cpp directly: row / column tails, K = 0, long K (chunked sums),
@@ -349,9 +361,14 @@ def test_cpu_gemm_large_output_huge_page_advice():
     m, k, n = 4099, 24, 555
     x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n)
     out = _C.cpu.linear_act(x, w, b, None, True)
-    assert_within_rule("linear", "_C.cpu.linear_act", out,
-                       reference.linear(x.double(), w.double(), b.double()),
-                       reference.linear(x, w, b), torch.float32)
+    assert_within_rule(
+        "linear",
+        "_C.cpu.linear_act",
+        out,
+        reference.linear(x.double(), w.double(), b.double()),
+        reference.linear(x, w, b),
+        torch.float32,
+    )
     assert torch.equal(ops.linear(x, w, b, backend="cpu"), out)
 
 
@@ -378,16 +395,24 @@ def test_plain_weights_are_read_at_every_call(pack_rows, monkeypatch):
     monkeypatch.setattr(cpu_weights, "PACK_MIN_ROWS", pack_rows)
     g = _gen(16)
     x, w, b = torch.randn(9, 48, generator=g), torch.randn(70, 48, generator=g), torch.randn(70)
-    for write in (lambda: w.mul_(-2), lambda: w.data.__setitem__(3, 0.5),
-                  lambda: w[5:9].copy_(torch.ones(4, 48)),
-                  lambda: w.numpy().__setitem__(7, 2.0)):
+    for write in (
+        lambda: w.mul_(-2),
+        lambda: w.data.__setitem__(3, 0.5),
+        lambda: w[5:9].copy_(torch.ones(4, 48)),
+        lambda: w.numpy().__setitem__(7, 2.0),
+    ):
         ops.linear(x, w, b, backend="cpu")
         with torch.no_grad():
             write()
-        torch.testing.assert_close(ops.linear(x, w, b, backend="cpu"), F.linear(x, w, b),
-                                   rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(ops.linear_gelu(x, w, b, "gelu", backend="cpu"),
-                                   F.gelu(F.linear(x, w, b)), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            ops.linear(x, w, b, backend="cpu"), F.linear(x, w, b), rtol=1e-5, atol=1e-5
+        )
+        torch.testing.assert_close(
+            ops.linear_gelu(x, w, b, "gelu", backend="cpu"),
+            F.gelu(F.linear(x, w, b)),
+            rtol=1e-5,
+            atol=1e-5,
+        )
 
 
 @pytest.mark.parametrize("act", [None, "gelu", "gelu_tanh", "relu"])
@@ -397,19 +422,32 @@ def test_packed_weight_runs_the_cpp_gemm(act):
     from bertfast.ops import cpu_weights
 
     g = _gen(17)
-    x, w, b = torch.randn(2, 70, 96, generator=g), torch.randn(200, 96, generator=g), torch.randn(200)
+    x, w, b = (
+        torch.randn(2, 70, 96, generator=g),
+        torch.randn(200, 96, generator=g),
+        torch.randn(200),
+    )
     pw = cpu_weights.PackedWeight.of(w)
     assert torch.equal(pw.dense(), w) and torch.equal(pw + 0, w)
     ref = F.linear(x, w, b)
     if act is not None:
-        ref = {"gelu": F.gelu, "relu": F.relu,
-               "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[act](ref)
+        ref = {
+            "gelu": F.gelu,
+            "relu": F.relu,
+            "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+        }[act](ref)
     with _threads(1):
-        one = (ops.linear(x, pw, b, backend="cpu") if act is None
-               else ops.linear_gelu(x, pw, b, act, backend="cpu"))
+        one = (
+            ops.linear(x, pw, b, backend="cpu")
+            if act is None
+            else ops.linear_gelu(x, pw, b, act, backend="cpu")
+        )
     with _threads(2):
-        two = (ops.linear(x, pw, b, backend="cpu") if act is None
-               else ops.linear_gelu(x, pw, b, act, backend="cpu"))
+        two = (
+            ops.linear(x, pw, b, backend="cpu")
+            if act is None
+            else ops.linear_gelu(x, pw, b, act, backend="cpu")
+        )
     assert torch.equal(one, two)
     torch.testing.assert_close(one, ref, rtol=1e-5, atol=5e-5)
 

@@ -12,6 +12,7 @@ and under the sanitizer (slow; a subset):
   compute-sanitizer --tool memcheck python -m pytest -m gpu -x -q \
       tests/ops/test_cuda_backend.py -k "small or misaligned or nan or pack"
 """
+
 from __future__ import annotations
 
 import pytest
@@ -47,9 +48,13 @@ def test_reasons_without_running_anything():
     qkv = torch.zeros(1, 4, 3 * 2 * 48)
     reason = cuda_backend.BACKEND.supports["attention"](qkv, None, 2, 0.1)
     assert reason and "head_dim 48" in reason
-    assert cuda_backend.BACKEND.supports["attention"](torch.zeros(1, 4, 3 * 128), None, 2, 0.1) is None
+    assert (
+        cuda_backend.BACKEND.supports["attention"](torch.zeros(1, 4, 3 * 128), None, 2, 0.1) is None
+    )
     x = torch.zeros(2, cuda_backend.MAX_LAYERNORM_WIDTH + 1)
-    assert "hidden size" in cuda_backend.BACKEND.supports["add_layernorm"](x, x, None, None, None, 1e-5)
+    assert "hidden size" in cuda_backend.BACKEND.supports["add_layernorm"](
+        x, x, None, None, None, 1e-5
+    )
     if not HAS_CUDA:
         assert cuda_backend.BACKEND.unavailable("cuda")  # says why (no GPU / no CUDA build)
 
@@ -65,8 +70,17 @@ def test_embed_layernorm(dtype, hidden, with_types):
     pids = torch.arange(S).expand(B, S).contiguous()
     tids = torch.randint(0, Tt, (B, S)) if with_types else None
     types = torch.randn(Tt, hidden) if with_types else None
-    args = (ids, pids, tids, torch.randn(V, hidden) + 3.0, torch.randn(P, hidden), types,
-            torch.randn(hidden), torch.randn(hidden), 1e-12)
+    args = (
+        ids,
+        pids,
+        tids,
+        torch.randn(V, hidden) + 3.0,
+        torch.randn(P, hidden),
+        types,
+        torch.randn(hidden),
+        torch.randn(hidden),
+        1e-12,
+    )
     assert_parity("embed_layernorm", "cuda", args, dtype)
 
 
@@ -95,8 +109,14 @@ def test_add_layernorm(dtype, hidden, with_bias):
     rows = 37
     # A large common offset stresses the variance (two-pass statistics).
     x = torch.randn(rows, hidden) + 50.0
-    args = (x, torch.randn(rows, hidden), torch.randn(hidden) if with_bias else None,
-            torch.randn(hidden), torch.randn(hidden), 1e-5)
+    args = (
+        x,
+        torch.randn(rows, hidden),
+        torch.randn(hidden) if with_bias else None,
+        torch.randn(hidden),
+        torch.randn(hidden),
+        1e-5,
+    )
     assert_parity("add_layernorm", "cuda", args, dtype)
 
 
@@ -109,8 +129,12 @@ def test_add_layernorm_misaligned(dtype, hidden):
     w, b, lb = (torch.randn(hidden, device=DEV, dtype=dtype) for _ in range(3))
     want = reference.add_layernorm(x, res, b, w, lb, 1e-5)
     got = ops.add_layernorm(_misaligned(x), res, b, _misaligned(w), lb, 1e-5, backend="cuda")
-    torch.testing.assert_close(got, want, atol=2e-2 if dtype != torch.float32 else 1e-5,
-                               rtol=1e-2 if dtype != torch.float32 else 1e-5)
+    torch.testing.assert_close(
+        got,
+        want,
+        atol=2e-2 if dtype != torch.float32 else 1e-5,
+        rtol=1e-2 if dtype != torch.float32 else 1e-5,
+    )
 
 
 @gpu
@@ -184,14 +208,17 @@ PADDED_CASES = [
 
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lengths,heads,head_dim", PADDED_CASES,
-                         ids=[f"{'-'.join(map(str, c[0]))}x{c[1]}h{c[2]}" for c in PADDED_CASES])
+@pytest.mark.parametrize(
+    "lengths,heads,head_dim",
+    PADDED_CASES,
+    ids=[f"{'-'.join(map(str, c[0]))}x{c[1]}h{c[2]}" for c in PADDED_CASES],
+)
 def test_attention_padded(dtype, lengths, heads, head_dim):
     S = max(max(lengths), 1)
     B, H = len(lengths), heads * head_dim
     qkv = torch.randn(B, S, 3 * H)
     mask = _mask(lengths, S)
-    out = assert_parity("attention", "cuda", (qkv, mask, heads, head_dim ** -0.5), dtype)
+    out = assert_parity("attention", "cuda", (qkv, mask, heads, head_dim**-0.5), dtype)
     assert (out[~mask.bool().to(out.device)] == 0).all()
 
 
@@ -200,8 +227,8 @@ def test_attention_padded(dtype, lengths, heads, head_dim):
 @pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128])
 def test_attention_small_all_head_dims(dtype, head_dim):
     qkv = torch.randn(2, 70, 3 * 2 * head_dim)
-    assert_parity("attention", "cuda", (qkv, None, 2, head_dim ** -0.5), dtype)
-    assert_parity("attention", "cuda", (qkv, _mask([70, 3], 70), 2, head_dim ** -0.5), dtype)
+    assert_parity("attention", "cuda", (qkv, None, 2, head_dim**-0.5), dtype)
+    assert_parity("attention", "cuda", (qkv, _mask([70, 3], 70), 2, head_dim**-0.5), dtype)
 
 
 @gpu
@@ -263,15 +290,17 @@ VARLEN_CASES = [
 
 @gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("lengths,heads,head_dim", VARLEN_CASES,
-                         ids=[f"{'-'.join(map(str, c[0]))}x{c[1]}h{c[2]}" for c in VARLEN_CASES])
+@pytest.mark.parametrize(
+    "lengths,heads,head_dim",
+    VARLEN_CASES,
+    ids=[f"{'-'.join(map(str, c[0]))}x{c[1]}h{c[2]}" for c in VARLEN_CASES],
+)
 def test_attention_varlen(dtype, lengths, heads, head_dim):
     T, H = sum(lengths), heads * head_dim
     qkv = torch.randn(T, 3 * H)
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(lengths).cumsum(0)
-    assert_parity("attention_varlen", "cuda", (qkv, cu, max(lengths), heads, head_dim ** -0.5),
-                  dtype)
+    assert_parity("attention_varlen", "cuda", (qkv, cu, max(lengths), heads, head_dim**-0.5), dtype)
 
 
 @gpu

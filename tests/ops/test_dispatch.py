@@ -1,4 +1,5 @@
 """Backend dispatch: choice, forcing, BERTFAST_BACKEND, and errors that list reasons."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """embed_layernorm and add_layernorm: every backend against the reference (parity rule)."""
+
 import pytest
 import torch
 
@@ -39,8 +40,9 @@ def test_add_layernorm_batched_shape(backend, dtype):
     # [B, S, H] input: the op is token-wise over any leading shape.
     x, residual = torch.randn(2, 5, 96), torch.randn(2, 5, 96)
     weight, ln_bias = torch.rand(96) + 0.5, torch.randn(96)
-    out = assert_parity("add_layernorm", backend,
-                        (x, residual, torch.randn(96), weight, ln_bias, 1e-5), dtype)
+    out = assert_parity(
+        "add_layernorm", backend, (x, residual, torch.randn(96), weight, ln_bias, 1e-5), dtype
+    )
     assert out.shape == (2, 5, 96)
 
 

@@ -11,6 +11,7 @@ forces the AVX2 ones, and every attention case runs both. Keys at masked positio
 are never read (their content is not part of the input), so values are injected
 at real tokens only; sequences with no real token stay zeros.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -46,21 +47,23 @@ def _run(op, backend, args):
 
 
 def _gold(op, args):
-    args = tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                 for a in args)
+    args = tuple(
+        a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+    )
     return getattr(reference, op)(*args)
 
 
 def assert_same_nonfinite(out, gold, atol, what=""):
     """NaN, +inf and -inf at the same places; the finite values within atol."""
     out = out.double()
-    for name, pred in (("NaN", torch.isnan), ("+inf", torch.isposinf),
-                       ("-inf", torch.isneginf)):
+    for name, pred in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
         a, b = pred(out), pred(gold)
         if not torch.equal(a, b):
             bad = (a != b).nonzero()[:5].tolist()
-            raise AssertionError(f"{what}: {name} positions differ from torch's "
-                                 f"({int(a.sum())} vs {int(b.sum())}; first at {bad})")
+            raise AssertionError(
+                f"{what}: {name} positions differ from torch's "
+                f"({int(a.sum())} vs {int(b.sum())}; first at {bad})"
+            )
     fin = torch.isfinite(gold)
     assert fin.any(), f"{what}: the case should keep some finite outputs"
     err = (out[fin] - gold[fin]).abs().max().item()
@@ -122,8 +125,15 @@ def _inject(kind, qkv):
     return qkv
 
 
-KINDS = ["nan_q", "nan_k", "inf_q", "inf_k", "inf_v", "neg_inf_scores_first_block",
-         "all_neg_inf_scores"]
+KINDS = [
+    "nan_q",
+    "nan_k",
+    "inf_q",
+    "inf_k",
+    "inf_v",
+    "neg_inf_scores_first_block",
+    "all_neg_inf_scores",
+]
 
 
 def _varlen_args(qkv, lengths, scale):
@@ -137,7 +147,7 @@ def _varlen_args(qkv, lengths, scale):
 def test_attention_padded_nonfinite(backend, kind):
     qkv = _inject(kind, _qkv())
     mask = _mask(_lengths())
-    args = (qkv, mask, NH, D ** -0.5)
+    args = (qkv, mask, NH, D**-0.5)
     gold = _gold("attention", args)
     out = _run("attention", backend, args)
     assert_same_nonfinite(out, gold, 5e-5, f"attention[{backend}, {kind}]")
@@ -148,7 +158,7 @@ def test_attention_padded_nonfinite(backend, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_attention_varlen_nonfinite(backend, kind):
     qkv = _inject(kind, _qkv())
-    args = _varlen_args(qkv, _lengths(), D ** -0.5)
+    args = _varlen_args(qkv, _lengths(), D**-0.5)
     gold = _gold("attention_varlen", args)
     out = _run("attention_varlen", backend, args)
     assert_same_nonfinite(out, gold, 5e-5, f"attention_varlen[{backend}, {kind}]")
@@ -177,7 +187,7 @@ def test_attention_nonfinite_half_storage(backend, dtype):
         pytest.skip("the Triton interpreter computes tl.dot wrongly for bf16 inputs")
     qkv = _inject("nan_k", _qkv()).to(dtype)
     qkv[1, 9, 5] = INF
-    args = (qkv, _mask(_lengths()), NH, D ** -0.5)
+    args = (qkv, _mask(_lengths()), NH, D**-0.5)
     out = _run("attention", backend, args)
     gold = _gold("attention", args)
     assert out.dtype == dtype
@@ -188,9 +198,9 @@ def test_finite_attention_unchanged_by_isa(monkeypatch):
     """Both CPU micro-kernel variants agree on finite input (the ISA switch works)."""
     qkv = _qkv()
     mask = _mask(_lengths())
-    a = ops.attention(qkv, mask, NH, D ** -0.5, backend="cpu")
+    a = ops.attention(qkv, mask, NH, D**-0.5, backend="cpu")
     monkeypatch.setenv("BERTFAST_CPU_ATTENTION_ISA", "avx2")
-    b = ops.attention(qkv, mask, NH, D ** -0.5, backend="cpu")
+    b = ops.attention(qkv, mask, NH, D**-0.5, backend="cpu")
     assert torch.isfinite(a).all()
     assert (a - b).abs().max().item() <= 1e-5
 
@@ -226,8 +236,9 @@ def test_bias_gelu_nonfinite(backend, act):
     args = (x, bias, act)
     out = _run("bias_gelu", backend, args)
     gold = _gold("bias_gelu", args)
-    assert_same_nonfinite(_torch_fp32_gelu(out, gold, backend, act), gold, 1e-5,
-                          f"bias_gelu[{backend}, {act}]")
+    assert_same_nonfinite(
+        _torch_fp32_gelu(out, gold, backend, act), gold, 1e-5, f"bias_gelu[{backend}, {act}]"
+    )
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh", "relu"])
@@ -243,8 +254,9 @@ def test_linear_gelu_epilogue_nonfinite(backend, act):
     args = (x, w, bias, act)
     out = _run("linear_gelu", backend, args)
     gold = _gold("linear_gelu", args)
-    assert_same_nonfinite(_torch_fp32_gelu(out, gold, backend, act), gold, 5e-5,
-                          f"linear_gelu[{backend}, {act}]")
+    assert_same_nonfinite(
+        _torch_fp32_gelu(out, gold, backend, act), gold, 5e-5, f"linear_gelu[{backend}, {act}]"
+    )
     largs = (x, w, bias)
     out = _run("linear", backend, largs)
     assert_same_nonfinite(out, _gold("linear", largs), 5e-5, f"linear[{backend}]")
@@ -281,5 +293,4 @@ def test_embed_layernorm_nonfinite(backend):
     tids = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1]])
     args = (ids, pids, tids, word, pos, types, torch.ones(E), torch.zeros(E), 1e-12)
     out = _run("embed_layernorm", backend, args)
-    assert_same_nonfinite(out, _gold("embed_layernorm", args), 1e-5,
-                          f"embed_layernorm[{backend}]")
+    assert_same_nonfinite(out, _gold("embed_layernorm", args), 1e-5, f"embed_layernorm[{backend}]")

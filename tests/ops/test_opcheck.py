@@ -5,6 +5,7 @@ Run for every backend that executes natively: ``torch`` and ``cpu`` everywhere,
 triton interpreter is too slow for opcheck's repeated runs and is covered by the
 parity tests (on a GPU, by the same parity tests on CUDA tensors).
 """
+
 import pytest
 import torch
 
@@ -23,18 +24,33 @@ def _cases():
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     ids = torch.tensor([[1, 2, 3, 0], [4, 5, 6, 7]])
     x = torch.randn(8, H)
-    yield "embed_layernorm", (ids, torch.arange(4).expand(2, 4).contiguous(), torch.zeros_like(ids),
-                              torch.randn(10, H), torch.randn(6, H), torch.randn(2, H),
-                              torch.ones(H), torch.zeros(H), 1e-12)
-    yield "add_layernorm", (x, torch.randn(8, H), torch.randn(H), torch.ones(H), torch.zeros(H),
-                            1e-12)
+    yield (
+        "embed_layernorm",
+        (
+            ids,
+            torch.arange(4).expand(2, 4).contiguous(),
+            torch.zeros_like(ids),
+            torch.randn(10, H),
+            torch.randn(6, H),
+            torch.randn(2, H),
+            torch.ones(H),
+            torch.zeros(H),
+            1e-12,
+        ),
+    )
+    yield (
+        "add_layernorm",
+        (x, torch.randn(8, H), torch.randn(H), torch.ones(H), torch.zeros(H), 1e-12),
+    )
     yield "bias_gelu", (x, torch.randn(H), "gelu")
     yield "bias_gelu_", (x.clone(), torch.randn(H), "gelu_tanh")
     yield "linear", (x, torch.randn(200, H), torch.randn(200))
     yield "linear_gelu", (x, torch.randn(200, H), torch.randn(200), "gelu")
     yield "attention", (torch.randn(2, 4, 3 * H), mask, heads, 0.2)
-    yield "attention_varlen", (torch.randn(7, 3 * H), torch.tensor([0, 3, 7], dtype=torch.int32),
-                               4, heads, 0.2)
+    yield (
+        "attention_varlen",
+        (torch.randn(7, 3 * H), torch.tensor([0, 3, 7], dtype=torch.int32), 4, heads, 0.2),
+    )
     yield "pack_tokens", (x, torch.tensor([0, 2, 5]))
     yield "unpack_tokens", (torch.randn(3, H), torch.tensor([0, 2, 5]), 8)
 

@@ -1,4 +1,5 @@
 """pack_tokens / unpack_tokens and pack_info (padding-free execution helpers)."""
+
 import pytest
 import torch
 
@@ -15,8 +16,9 @@ def test_pack_unpack(backend, dtype, width):
     info = ops.pack_info(mask)
     x = torch.randn(mask.numel(), width)
     packed = assert_parity("pack_tokens", backend, (x, info.indices), dtype)
-    back = assert_parity("unpack_tokens", backend,
-                         (packed.float().cpu(), info.indices, mask.numel()), dtype)
+    back = assert_parity(
+        "unpack_tokens", backend, (packed.float().cpu(), info.indices, mask.numel()), dtype
+    )
     keep = mask.flatten().bool().to(back.device)
     assert (back[~keep] == 0).all()
     torch.testing.assert_close(back[keep].float().cpu(), cast((x,), dtype)[0][keep.cpu()].float())

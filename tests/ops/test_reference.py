@@ -3,6 +3,7 @@
 The reference is the spec every other backend is tested against, so it is itself
 checked here against textbook formulas written out by hand, in float64.
 """
+
 import math
 
 import pytest
@@ -31,8 +32,9 @@ def test_embed_layernorm_matches_formula():
     pids = torch.tensor([[0, 1, 2], [0, 1, 6]])
     tids = torch.tensor([[0, 0, 1], [1, 1, 0]])
     got = reference.embed_layernorm(ids, pids, tids, word, pos, typ, w, b, 1e-5)
-    rows = [[word[ids[i, j]] + pos[pids[i, j]] + typ[tids[i, j]] for j in range(3)]
-            for i in range(2)]
+    rows = [
+        [word[ids[i, j]] + pos[pids[i, j]] + typ[tids[i, j]] for j in range(3)] for i in range(2)
+    ]
     expected = _naive_layernorm(torch.stack([torch.stack(r) for r in rows]), w, b, 1e-5)
     torch.testing.assert_close(got, expected)
 
@@ -43,7 +45,7 @@ def test_activations_match_formula(act):
     if act == "gelu":
         expected = 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
     elif act == "gelu_tanh":
-        expected = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+        expected = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
     else:
         expected = x.clamp(min=0)
     torch.testing.assert_close(reference.bias_gelu(x, None, act), expected)
@@ -57,13 +59,13 @@ def _naive_attention(qkv, lengths, heads, scale):
     out = torch.zeros(B, S, H, dtype=qkv.dtype)
     for b, n in enumerate(lengths):
         for h in range(heads if n else 0):  # an empty sequence stays zero
-            q = qkv[b, :n, h * d:(h + 1) * d]
-            k = qkv[b, :n, H + h * d:H + (h + 1) * d]
-            v = qkv[b, :n, 2 * H + h * d:2 * H + (h + 1) * d]
+            q = qkv[b, :n, h * d : (h + 1) * d]
+            k = qkv[b, :n, H + h * d : H + (h + 1) * d]
+            v = qkv[b, :n, 2 * H + h * d : 2 * H + (h + 1) * d]
             s = q @ k.T * scale
             p = torch.exp(s - s.max(-1, keepdim=True).values)
             p = p / p.sum(-1, keepdim=True)
-            out[b, :n, h * d:(h + 1) * d] = p @ v
+            out[b, :n, h * d : (h + 1) * d] = p @ v
     return out
 
 

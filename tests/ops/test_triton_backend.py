@@ -10,6 +10,7 @@ Without a GPU every kernel runs on CPU tensors under TRITON_INTERPRET=1 (set in
 tests/conftest.py before any kernel is defined), so shapes stay small: the whole
 file runs in well under a minute interpreted on 2 cores.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,9 +41,10 @@ ACTIVATIONS = ["gelu", "gelu_tanh", "relu"]
 #   storage dtype, like torch's fp16/bf16 element-wise ops (which upcast to fp32
 #   internally). The stores round to nearest even on the bits (cast_out), so the
 #   result equals torch's except where the two fp32 values (different erf / exp
-#   implementations, ~1 fp32 ulp apart where |out| is not tiny) straddle a rounding boundary: a fraction
-#   ~2^-13 of elements at most, so 1e-3 of the elements may differ. A truncating
-#   cast (what the interpreter's own fp32->bf16 cast does) differs on ~half of them.
+#   implementations, ~1 fp32 ulp apart where |out| is not tiny) straddle a rounding
+#   boundary: a fraction ~2^-13 of elements at most, so 1e-3 of the elements may
+#   differ. A truncating cast (what the interpreter's own fp32->bf16 cast does)
+#   differs on ~half of them.
 # - "attention_batch": one sequence alone vs. inside a padded batch runs the same
 #   tiles over the same keys (masked keys add exact zeros), so fp32 agrees to
 #   rounding of the reordered sums: 1e-6 on O(1) outputs; fp16 one ulp of O(1): 1e-3.
@@ -55,8 +57,10 @@ TOL = {
 
 def _skip_bf16_dot(dtype):
     if INTERPRETED and dtype == torch.bfloat16:
-        pytest.skip("the Triton interpreter computes tl.dot wrongly for bf16 inputs "
-                    "(checked on a GPU instead)")
+        pytest.skip(
+            "the Triton interpreter computes tl.dot wrongly for bf16 inputs "
+            "(checked on a GPU instead)"
+        )
 
 
 #: Tests that run the kernels with a runtime loop bound (GEMM K loop, attention key
@@ -101,8 +105,9 @@ def test_import_is_lazy_and_missing_triton_is_a_reason():
         "print('ok')\n"
     )
     env = dict(os.environ, TRITON_INTERPRET="1")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr
 
 
@@ -161,16 +166,27 @@ def test_add_layernorm_strided_rows(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("hidden,with_types,id_dtype", [
-    (96, True, torch.int64), (1023, False, torch.int32), (1500, True, torch.int32)])
+@pytest.mark.parametrize(
+    "hidden,with_types,id_dtype",
+    [(96, True, torch.int64), (1023, False, torch.int32), (1500, True, torch.int32)],
+)
 def test_embed_layernorm(dtype, hidden, with_types, id_dtype):
     V, P, B, S = 50, 16, 2, 7
     ids = torch.randint(0, V, (B, S), dtype=id_dtype)
     pos = torch.arange(S).expand(B, S).to(id_dtype)
     types = torch.randint(0, 2, (B, S), dtype=id_dtype) if with_types else None
     type_table = torch.randn(2, hidden) if with_types else None
-    args = (ids, pos, types, torch.randn(V, hidden), torch.randn(P, hidden), type_table,
-            torch.randn(hidden), torch.randn(hidden), 1e-12)
+    args = (
+        ids,
+        pos,
+        types,
+        torch.randn(V, hidden),
+        torch.randn(P, hidden),
+        type_table,
+        torch.randn(hidden),
+        torch.randn(hidden),
+        1e-12,
+    )
     assert_parity("embed_layernorm", "triton", args, dtype)
 
 
@@ -188,8 +204,12 @@ def test_embed_layernorm_out_of_range_ids_never_read():
     out = layernorm.embed_layernorm(ids, pos, None, word, pos_table, None, w, b, 1e-12)
     bad = torch.isnan(out).all(-1)[0].tolist()
     assert bad == [False, True, True, True]
-    torch.testing.assert_close(out[0, 0], reference.embed_layernorm(
-        ids[:, :1], pos[:, :1], None, word, pos_table, None, w, b, 1e-12)[0, 0])
+    torch.testing.assert_close(
+        out[0, 0],
+        reference.embed_layernorm(ids[:, :1], pos[:, :1], None, word, pos_table, None, w, b, 1e-12)[
+            0, 0
+        ],
+    )
 
 
 # ------------------------------------------------------------------ bias + activation
@@ -225,8 +245,9 @@ def test_bias_gelu_in_place(dtype, activation):
     keep = base.clone()
     view = base[:, ::2]
     ops.bias_gelu_(view, bias, activation, backend="triton")
-    assert torch.equal(base[:, ::2], ops.bias_gelu(keep[:, ::2], bias, activation,
-                                                   backend="triton"))
+    assert torch.equal(
+        base[:, ::2], ops.bias_gelu(keep[:, ::2], bias, activation, backend="triton")
+    )
     assert torch.equal(base[:, 1::2], keep[:, 1::2])
 
 
@@ -240,8 +261,8 @@ def test_bias_gelu_extremes():
 
 # ------------------------------------------------------------------ linear + activation
 LINEAR_SHAPES = [
-    (37, 96, 130),   # every tile edge ragged (M, N, K not multiples of the tiles)
-    (1, 40, 17),     # one token, K below BLOCK_K
+    (37, 96, 130),  # every tile edge ragged (M, N, K not multiples of the tiles)
+    (1, 40, 17),  # one token, K below BLOCK_K
     (128, 256, 512),  # a few full tiles, K loop of several steps
 ]
 
@@ -251,7 +272,7 @@ LINEAR_SHAPES = [
 def test_linear_gelu(dtype, M, K, N):
     _skip_bf16_dot(dtype)
     x = torch.randn(M, K)
-    weight = torch.randn(N, K) / K ** 0.5
+    weight = torch.randn(N, K) / K**0.5
     bias = torch.randn(N)
     for act in ACTIVATIONS if M < 128 else ["gelu"]:
         assert_parity("linear_gelu", "triton", (x, weight, bias, act), dtype)
@@ -265,8 +286,7 @@ def test_linear_gelu_strided_and_batched(dtype):
     assert_parity("linear_gelu", "triton", (x, torch.randn(70, 96) / 10, None, "gelu"), dtype)
     # weight given as a transposed view of a [K, N] tensor
     w = (torch.randn(96, 70) / 10).t()
-    assert_parity("linear_gelu", "triton", (torch.randn(5, 96), w, torch.randn(70), "relu"),
-                  dtype)
+    assert_parity("linear_gelu", "triton", (torch.randn(5, 96), w, torch.randn(70), "relu"), dtype)
 
 
 # ------------------------------------------------------------------ attention
@@ -280,13 +300,13 @@ def test_attention_ragged_masks(dtype, head_dim):
     _skip_bf16_dot(dtype)
     S, heads = 40, 2
     mask = torch.ones(4, S, dtype=torch.int64)
-    mask[0, 23:] = 0          # right padding
-    mask[1, :30] = 0          # left padding (keys before the first real token)
-    mask[2, 5:9] = 0          # holes in the middle
+    mask[0, 23:] = 0  # right padding
+    mask[1, :30] = 0  # left padding (keys before the first real token)
+    mask[2, 5:9] = 0  # holes in the middle
     mask[2, 33:] = 0
-    mask[3, :] = 0            # an all-masked row
+    mask[3, :] = 0  # an all-masked row
     qkv = torch.randn(4, S, 3 * heads * head_dim)
-    out = assert_parity("attention", "triton", (qkv, mask, heads, head_dim ** -0.5), dtype)
+    out = assert_parity("attention", "triton", (qkv, mask, heads, head_dim**-0.5), dtype)
     assert (out[~mask.bool().to(out.device)] == 0).all()
 
 
@@ -301,16 +321,20 @@ def test_attention_mask_dtypes(mask_dtype):
 def test_attention_seq1(dtype):
     _skip_bf16_dot(dtype)
     qkv = torch.randn(3, 1, 3 * 2 * 32)
-    assert_parity("attention", "triton", (qkv, None, 2, 32 ** -0.5), dtype)
-    assert_parity("attention", "triton", (qkv, _mask([[1], [0], [1]]), 2, 32 ** -0.5), dtype)
+    assert_parity("attention", "triton", (qkv, None, 2, 32**-0.5), dtype)
+    assert_parity("attention", "triton", (qkv, _mask([[1], [0], [1]]), 2, 32**-0.5), dtype)
 
 
 def test_attention_strided_qkv():
     """qkv read through its strides (a slice of a wider buffer) -- no copy needed."""
     buf = torch.randn(2, 33, 3 * 96 + 16)
-    qkv = buf[:, :, 8:8 + 3 * 96]
-    assert_parity("attention", "triton", (qkv, _mask([[1] * 33, [1] * 20 + [0] * 13]), 3,
-                                          32 ** -0.5), torch.float32)
+    qkv = buf[:, :, 8 : 8 + 3 * 96]
+    assert_parity(
+        "attention",
+        "triton",
+        (qkv, _mask([[1] * 33, [1] * 20 + [0] * 13]), 3, 32**-0.5),
+        torch.float32,
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -321,8 +345,9 @@ def test_attention_varlen(dtype, head_dim):
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(lengths).cumsum(0)
     qkv = torch.randn(sum(lengths), 3 * heads * head_dim)
-    assert_parity("attention_varlen", "triton", (qkv, cu, max(lengths), heads,
-                                                 head_dim ** -0.5), dtype)
+    assert_parity(
+        "attention_varlen", "triton", (qkv, cu, max(lengths), heads, head_dim**-0.5), dtype
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -334,8 +359,7 @@ def test_attention_batch_invariance(dtype):
     batched = ops.attention(qkv, mask, heads, backend="triton")
     alone = ops.attention(qkv[1:, :10], None, heads, backend="triton")
     cu = torch.tensor([0, S, S + 10], dtype=torch.int32, device=DEV)
-    packed = ops.attention_varlen(torch.cat([qkv[0], qkv[1, :10]]), cu, S, heads,
-                                  backend="triton")
+    packed = ops.attention_varlen(torch.cat([qkv[0], qkv[1, :10]]), cu, S, heads, backend="triton")
     tol = TOL["attention_batch"][dtype]
     assert (batched[1, :10] - alone[0]).abs().max().item() <= tol
     assert (packed[S:] - alone[0]).abs().max().item() <= tol
@@ -380,11 +404,26 @@ def test_pack_unpack_out_of_range_never_dereferenced(dtype):
 def test_pack_unpack_move_bits_exactly(dtype):
     """Rows move as raw bits: NaN payloads, signed zeros, infinities and subnormals
     arrive unchanged (compared as integers of the same width)."""
-    bits = {torch.float16: torch.int16, torch.bfloat16: torch.int16,
-            torch.float32: torch.int32, torch.float64: torch.int64}[dtype]
+    bits = {
+        torch.float16: torch.int16,
+        torch.bfloat16: torch.int16,
+        torch.float32: torch.int32,
+        torch.float64: torch.int64,
+    }[dtype]
     info = torch.finfo(dtype)
-    special = torch.tensor([float("nan"), -0.0, 0.0, float("inf"), float("-inf"),
-                            info.tiny / 4, -info.tiny / 2, info.max], dtype=dtype)
+    special = torch.tensor(
+        [
+            float("nan"),
+            -0.0,
+            0.0,
+            float("inf"),
+            float("-inf"),
+            info.tiny / 4,
+            -info.tiny / 2,
+            info.max,
+        ],
+        dtype=dtype,
+    )
     x = torch.cat([special, (10 * torch.randn(8)).to(dtype)]).reshape(4, 4)
     raw = x.view(bits).clone()
     raw[0, 0] = raw[0, 0] | 0x5  # a NaN with its own payload
@@ -502,8 +541,13 @@ def test_kernels_compile_for_gpu(cap, dtype):
     except ImportError as exc:
         pytest.skip(f"triton's compile API moved: {exc}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    res = subprocess.run([sys.executable, "-c", _AOT_SCRIPT, str(cap), dtype],
-                         capture_output=True, text=True, env=env, timeout=900)
+    res = subprocess.run(
+        [sys.executable, "-c", _AOT_SCRIPT, str(cap), dtype],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert res.returncode == 0 and "compiled" in res.stdout, res.stderr[-4000:]
 
 
@@ -521,15 +565,14 @@ def test_cuda_graph_capture():
     mask[1, 40:] = 0
     info = ops.pack_info(mask)
     x = torch.randn(B * S, H, device=dev, dtype=dt)
-    w1 = torch.randn(4 * H, H, device=dev, dtype=dt) / H ** 0.5
+    w1 = torch.randn(4 * H, H, device=dev, dtype=dt) / H**0.5
     b1 = torch.randn(4 * H, device=dev, dtype=dt)
     lw, lb = torch.ones(H, device=dev, dtype=dt), torch.zeros(H, device=dev, dtype=dt)
 
     def run():
         a = ops.attention(qkv, mask, heads, backend="triton")
         packed = ops.pack_tokens(qkv.view(B * S, 3 * H), info.indices, backend="triton")
-        v = ops.attention_varlen(packed, info.cu_seqlens, info.max_seqlen, heads,
-                                 backend="triton")
+        v = ops.attention_varlen(packed, info.cu_seqlens, info.max_seqlen, heads, backend="triton")
         u = ops.unpack_tokens(v, info.indices, B * S, backend="triton")
         h = ops.add_layernorm(u, x, None, lw, lb, 1e-12, backend="triton")
         f = ops.linear_gelu(h, w1, b1, "gelu", backend="triton")

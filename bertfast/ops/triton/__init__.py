@@ -23,6 +23,7 @@ Launches are CUDA-graph capturable (no host syncs in the launchers); the two
 autotuned kernels (``linear_gelu``, ``attention``) benchmark their configs on the
 first call per key, so run one warm-up call per shape bucket before capturing.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,8 +38,15 @@ __all__ = ["BACKEND"]
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: pack/unpack only move rows, so they take ids and masks too.
-PACK_DTYPES = FLOAT_DTYPES + (torch.float64, torch.int64, torch.int32, torch.int16,
-                              torch.int8, torch.uint8, torch.bool)
+PACK_DTYPES = FLOAT_DTYPES + (
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+)
 #: LayerNorm keeps a whole row in registers.
 MAX_HIDDEN = 16384
 #: Attention head_dim range the tiles are sized for (BLOCK_D = next power of two).
@@ -47,10 +55,10 @@ MAX_HEAD_DIM = 128
 MAX_GRID_Z = 65535
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _triton_import_error():
     try:
-        import triton  # noqa: F401
+        import triton
         import triton.language  # noqa: F401
     except Exception as exc:  # ImportError, or a triton broken in its own imports
         return f"triton could not be imported ({type(exc).__name__}: {exc})"
@@ -66,8 +74,10 @@ def _unavailable(device_type: str):
     if error:
         return error
     if device_type == "cpu" and not _interpret():
-        return ("runs on CPU tensors only under the Triton interpreter "
-                "(set TRITON_INTERPRET=1 before the first call; meant for tests)")
+        return (
+            "runs on CPU tensors only under the Triton interpreter "
+            "(set TRITON_INTERPRET=1 before the first call; meant for tests)"
+        )
     if device_type == "cuda" and not torch.cuda.is_available():
         return "no CUDA GPU is available"
     return None
@@ -141,13 +151,18 @@ def _supports_linear_gelu(x, *rest):
 
 
 def _supports_attention(qkv, mask, num_heads, scale):
-    return (_float(qkv) or _head_dim(qkv, num_heads) or _batch(qkv.shape[0])
-            or _interpreter_loops(qkv))
+    return (
+        _float(qkv) or _head_dim(qkv, num_heads) or _batch(qkv.shape[0]) or _interpreter_loops(qkv)
+    )
 
 
 def _supports_attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
-    return (_float(qkv) or _head_dim(qkv, num_heads) or _batch(cu_seqlens.shape[0] - 1)
-            or _interpreter_loops(qkv))
+    return (
+        _float(qkv)
+        or _head_dim(qkv, num_heads)
+        or _batch(cu_seqlens.shape[0] - 1)
+        or _interpreter_loops(qkv)
+    )
 
 
 def _supports_pack(x, *rest):

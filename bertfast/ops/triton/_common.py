@@ -4,6 +4,7 @@ autotune config lists, and the activation epilogue used by two kernels.
 This module imports triton; only the kernel modules import it (lazily, through
 ``bertfast.ops.triton.__init__``), so a missing triton never breaks ``import bertfast``.
 """
+
 from __future__ import annotations
 
 import os

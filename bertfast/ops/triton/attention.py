@@ -8,6 +8,7 @@ in fp32 (running row max and row sum, rescaled per tile) using exp2 with the sca
 pre-multiplied by log2(e). head_dim need not be a power of two (80, 96): BLOCK_D is
 the next power of two (at least 16, for tl.dot) and the extra columns are masked.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,9 +41,12 @@ def _prune(configs_, named_args, **kwargs):
     (BLOCK_D 128): no 128 x 128 tiles (register spills)."""
     seq_bucket = named_args["seq_bucket"]
     block_d = kwargs.get("BLOCK_D", named_args.get("BLOCK_D", 64))
-    kept = [c for c in configs_
-            if c.kwargs["BLOCK_M"] <= max(16, 2 * seq_bucket)
-            and not (block_d >= 128 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 8192)]
+    kept = [
+        c
+        for c in configs_
+        if c.kwargs["BLOCK_M"] <= max(16, 2 * seq_bucket)
+        and not (block_d >= 128 and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 8192)
+    ]
     return kept or configs_[-1:]
 
 
@@ -56,18 +60,34 @@ def _prune(configs_, named_args, **kwargs):
 # Out [.., H] uses the same scheme with its own strides. Keys past the length or
 # masked get -inf; rows with no real key (or no real query) are written as zeros.
 # Grid: (cdiv(max_seqlen, BLOCK_M), num_heads, batch).
-@triton.autotune(configs=configs(_GPU_CONFIGS, _INTERPRET_CONFIG),
-                 key=["HEAD_DIM", "seq_bucket", "IS_VARLEN", "HAS_MASK"],
-                 prune_configs_by={"early_config_prune": _prune})
+@triton.autotune(
+    configs=configs(_GPU_CONFIGS, _INTERPRET_CONFIG),
+    key=["HEAD_DIM", "seq_bucket", "IS_VARLEN", "HAS_MASK"],
+    prune_configs_by={"early_config_prune": _prune},
+)
 @triton.jit
 def _attention_kernel(
-    qkv_ptr, mask_ptr, cu_seqlens_ptr, out_ptr,
-    padded_len, hidden, qk_scale, seq_bucket,
-    qkv_batch_stride, qkv_token_stride, out_batch_stride, out_token_stride,
-    mask_batch_stride, mask_token_stride,
-    HEAD_DIM: tl.constexpr, IS_VARLEN: tl.constexpr, HAS_MASK: tl.constexpr,
+    qkv_ptr,
+    mask_ptr,
+    cu_seqlens_ptr,
+    out_ptr,
+    padded_len,
+    hidden,
+    qk_scale,
+    seq_bucket,
+    qkv_batch_stride,
+    qkv_token_stride,
+    out_batch_stride,
+    out_token_stride,
+    mask_batch_stride,
+    mask_token_stride,
+    HEAD_DIM: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    HAS_MASK: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     head = tl.program_id(1)
@@ -88,10 +108,11 @@ def _attention_kernel(
     is_d = offs_d < HEAD_DIM  # all true (folded away) when head_dim is a power of two
 
     q_rows = (seq_start + offs_m).to(tl.int64) * qkv_token_stride
-    q = tl.load(qkv_base + q_rows[:, None] + offs_d[None, :],
-                mask=is_q[:, None] & is_d[None, :], other=0.0)
-    k_base = qkv_base + hidden + offs_d[:, None]           # K^T tile [BLOCK_D, BLOCK_N]
-    v_base = qkv_base + 2 * hidden + offs_d[None, :]       # V tile [BLOCK_N, BLOCK_D]
+    q = tl.load(
+        qkv_base + q_rows[:, None] + offs_d[None, :], mask=is_q[:, None] & is_d[None, :], other=0.0
+    )
+    k_base = qkv_base + hidden + offs_d[:, None]  # K^T tile [BLOCK_D, BLOCK_N]
+    v_base = qkv_base + 2 * hidden + offs_d[None, :]  # V tile [BLOCK_N, BLOCK_D]
 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -100,8 +121,14 @@ def _attention_kernel(
     # blocks whose queries are all padding skip it too (and store zeros)
     has_work = start_m * BLOCK_M < seq_len
     if HAS_MASK:
-        query_mask = tl.load(mask_ptr + seq.to(tl.int64) * mask_batch_stride
-                             + offs_m * mask_token_stride, mask=is_q, other=0) != 0
+        query_mask = (
+            tl.load(
+                mask_ptr + seq.to(tl.int64) * mask_batch_stride + offs_m * mask_token_stride,
+                mask=is_q,
+                other=0,
+            )
+            != 0
+        )
         has_work = has_work & (tl.max(query_mask.to(tl.int32), axis=0) > 0)
     kv_end = tl.where(has_work, seq_len, 0)
     for start_n in range(0, kv_end, BLOCK_N):
@@ -111,8 +138,11 @@ def _attention_kernel(
         k = tl.load(k_base + k_rows[None, :], mask=is_d[:, None] & is_k[None, :], other=0.0)
         s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
         if HAS_MASK:
-            key_mask = tl.load(mask_ptr + seq.to(tl.int64) * mask_batch_stride
-                               + cols * mask_token_stride, mask=is_k, other=0)
+            key_mask = tl.load(
+                mask_ptr + seq.to(tl.int64) * mask_batch_stride + cols * mask_token_stride,
+                mask=is_k,
+                other=0,
+            )
             is_k = is_k & (key_mask != 0)
         s = tl.where(is_k[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -132,8 +162,11 @@ def _attention_kernel(
     if HAS_MASK:
         out = tl.where(query_mask[:, None], out, 0.0)
     out_rows = (seq_start + offs_m).to(tl.int64) * out_token_stride
-    tl.store(out_base + out_rows[:, None] + offs_d[None, :], cast_out(out, out_ptr.dtype.element_ty),
-             mask=is_q[:, None] & is_d[None, :])
+    tl.store(
+        out_base + out_rows[:, None] + offs_d[None, :],
+        cast_out(out, out_ptr.dtype.element_ty),
+        mask=is_q[:, None] & is_d[None, :],
+    )
 
 
 def _launch(qkv3, mask, cu_seqlens, batch, max_seqlen, num_heads, scale, out3, is_varlen):
@@ -151,12 +184,24 @@ def _launch(qkv3, mask, cu_seqlens, batch, max_seqlen, num_heads, scale, out3, i
         return (triton.cdiv(max_seqlen, meta["BLOCK_M"]), num_heads, batch)
 
     _attention_kernel[grid](
-        qkv3, mask if mask is not None else qkv3, cu_seqlens if cu_seqlens is not None else qkv3,
-        out3, max_seqlen, hidden, scale * LOG2E, bucket(max_seqlen, 1024),
-        0 if is_varlen else qkv3.stride(0), qkv3.stride(1),
-        0 if is_varlen else out3.stride(0), out3.stride(1), *mask_strides,
-        HEAD_DIM=head_dim, IS_VARLEN=is_varlen, HAS_MASK=mask is not None,
-        DOT_PRECISION=dot_precision(qkv3.dtype), BLOCK_D=max(16, next_pow2(head_dim)),
+        qkv3,
+        mask if mask is not None else qkv3,
+        cu_seqlens if cu_seqlens is not None else qkv3,
+        out3,
+        max_seqlen,
+        hidden,
+        scale * LOG2E,
+        bucket(max_seqlen, 1024),
+        0 if is_varlen else qkv3.stride(0),
+        qkv3.stride(1),
+        0 if is_varlen else out3.stride(0),
+        out3.stride(1),
+        *mask_strides,
+        HEAD_DIM=head_dim,
+        IS_VARLEN=is_varlen,
+        HAS_MASK=mask is not None,
+        DOT_PRECISION=dot_precision(qkv3.dtype),
+        BLOCK_D=max(16, next_pow2(head_dim)),
     )
     return out3
 
@@ -177,11 +222,23 @@ def attention(qkv, attention_mask, num_heads, scale):
 def attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
     T, H3 = qkv.shape
     qkv = _unit_cols(qkv)
-    out = torch.zeros((T, H3 // 3), dtype=qkv.dtype, device=qkv.device) if max_seqlen == 0 \
+    out = (
+        torch.zeros((T, H3 // 3), dtype=qkv.dtype, device=qkv.device)
+        if max_seqlen == 0
         else torch.empty((T, H3 // 3), dtype=qkv.dtype, device=qkv.device)
+    )
     batch = cu_seqlens.shape[0] - 1
     if T == 0 or H3 == 0 or batch == 0 or max_seqlen == 0:
         return out
-    _launch(qkv.unsqueeze(0), None, cu_seqlens, batch, max_seqlen, num_heads, scale,
-            out.unsqueeze(0), is_varlen=True)
+    _launch(
+        qkv.unsqueeze(0),
+        None,
+        cu_seqlens,
+        batch,
+        max_seqlen,
+        num_heads,
+        scale,
+        out.unsqueeze(0),
+        is_varlen=True,
+    )
     return out

@@ -1,14 +1,22 @@
 """``bias_gelu`` / ``bias_gelu_``: out = activation(x + bias), activation one of
 erf GELU, tanh GELU, ReLU; computed in fp32, stored in the activations' dtype.
 """
+
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import (ACTIVATION_CODES, apply_activation, cast_out, elementwise_warps, is_interpret,
-                      next_pow2, rows_of)
+from ._common import (
+    ACTIVATION_CODES,
+    apply_activation,
+    cast_out,
+    elementwise_warps,
+    is_interpret,
+    next_pow2,
+    rows_of,
+)
 
 
 # out[r, c] = act(x[r, c] + bias[c])
@@ -17,21 +25,33 @@ from ._common import (ACTIVATION_CODES, apply_activation, cast_out, elementwise_
 # same program. Grid: (cdiv(n_rows, BLOCK_M), cdiv(n_cols, BLOCK_N)).
 @triton.jit
 def _bias_act_kernel(
-    x_ptr, bias_ptr, out_ptr, n_rows, n_cols, x_row_stride, out_row_stride,
-    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr,
+    bias_ptr,
+    out_ptr,
+    n_rows,
+    n_cols,
+    x_row_stride,
+    out_row_stride,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     is_col = cols < n_cols
     mask = (rows < n_rows)[:, None] & is_col[None, :]
-    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask,
-                other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0).to(
+        tl.float32
+    )
     if HAS_BIAS:
         x += tl.load(bias_ptr + cols, mask=is_col, other=0.0).to(tl.float32)[None, :]
     y = apply_activation(x, ACTIVATION)
-    tl.store(out_ptr + rows[:, None] * out_row_stride + cols[None, :],
-             cast_out(y, out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + rows[:, None] * out_row_stride + cols[None, :],
+        cast_out(y, out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 def launch_bias_act(x2: torch.Tensor, bias, activation: str, out2: torch.Tensor):
@@ -44,9 +64,18 @@ def launch_bias_act(x2: torch.Tensor, bias, activation: str, out2: torch.Tensor)
     block_m = max(1, min(256, target // block_n))
     grid = (triton.cdiv(n_rows, block_m), triton.cdiv(n_cols, block_n))
     _bias_act_kernel[grid](
-        x2, bias if bias is not None else x2, out2, n_rows, n_cols, x2.stride(0), out2.stride(0),
-        ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=elementwise_warps(block_m * block_n),
+        x2,
+        bias if bias is not None else x2,
+        out2,
+        n_rows,
+        n_cols,
+        x2.stride(0),
+        out2.stride(0),
+        ACTIVATION=ACTIVATION_CODES[activation],
+        HAS_BIAS=bias is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=elementwise_warps(block_m * block_n),
     )
     return out2
 

@@ -8,6 +8,7 @@ mean first, then the variance of the centred values, so inputs with a large mean
 offset keep their precision. The sums are taken in fp32 too (the reference sums in
 the storage dtype; fp32 is never less accurate).
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,25 +36,42 @@ def _normalize_rows(h, is_col, n_cols, eps, weight_ptr, ln_bias_ptr, cols):
 # Grid: (cdiv(n_rows, BLOCK_M),), each program BLOCK_M whole rows.
 @triton.jit
 def _add_layernorm_kernel(
-    x_ptr, residual_ptr, bias_ptr, weight_ptr, ln_bias_ptr, out_ptr,
-    n_rows, n_cols, x_row_stride, residual_row_stride, out_row_stride, eps,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
+    x_ptr,
+    residual_ptr,
+    bias_ptr,
+    weight_ptr,
+    ln_bias_ptr,
+    out_ptr,
+    n_rows,
+    n_cols,
+    x_row_stride,
+    residual_row_stride,
+    out_row_stride,
+    eps,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
     is_row = rows < n_rows
     is_col = cols < n_cols
     mask = is_row[:, None] & is_col[None, :]
-    h = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask,
-                other=0.0).to(tl.float32)
+    h = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0).to(
+        tl.float32
+    )
     if HAS_BIAS:
         h += tl.load(bias_ptr + cols, mask=is_col, other=0.0).to(tl.float32)[None, :]
-    h += tl.load(residual_ptr + rows[:, None] * residual_row_stride + cols[None, :],
-                 mask=mask, other=0.0).to(tl.float32)
+    h += tl.load(
+        residual_ptr + rows[:, None] * residual_row_stride + cols[None, :], mask=mask, other=0.0
+    ).to(tl.float32)
     h = tl.where(mask, h, 0.0)
     y = _normalize_rows(h, is_col, n_cols, eps, weight_ptr, ln_bias_ptr, cols)
-    tl.store(out_ptr + rows[:, None] * out_row_stride + cols[None, :],
-             cast_out(y, out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + rows[:, None] * out_row_stride + cols[None, :],
+        cast_out(y, out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 # out[t, :] = LayerNorm(word[input_ids[t]] + type[token_type_ids[t]] + pos[position_ids[t]])
@@ -65,11 +83,28 @@ def _add_layernorm_kernel(
 # Grid: (cdiv(n_tokens, BLOCK_M),).
 @triton.jit
 def _embed_layernorm_kernel(
-    input_ids_ptr, position_ids_ptr, token_type_ids_ptr,
-    word_ptr, pos_ptr, type_ptr, weight_ptr, ln_bias_ptr, out_ptr,
-    n_tokens, n_cols, vocab_size, max_positions, type_vocab_size,
-    word_row_stride, pos_row_stride, type_row_stride, out_row_stride, eps,
-    HAS_TOKEN_TYPES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
+    input_ids_ptr,
+    position_ids_ptr,
+    token_type_ids_ptr,
+    word_ptr,
+    pos_ptr,
+    type_ptr,
+    weight_ptr,
+    ln_bias_ptr,
+    out_ptr,
+    n_tokens,
+    n_cols,
+    vocab_size,
+    max_positions,
+    type_vocab_size,
+    word_row_stride,
+    pos_row_stride,
+    type_row_stride,
+    out_row_stride,
+    eps,
+    HAS_TOKEN_TYPES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
@@ -82,21 +117,27 @@ def _embed_layernorm_kernel(
     is_bad = (word_id < 0) | (word_id >= vocab_size) | (pos_id < 0) | (pos_id >= max_positions)
     word_id = tl.where(is_bad, 0, word_id)
     pos_id = tl.where(is_bad, 0, pos_id)
-    h = tl.load(word_ptr + word_id[:, None] * word_row_stride + cols[None, :], mask=mask,
-                other=0.0).to(tl.float32)
+    h = tl.load(
+        word_ptr + word_id[:, None] * word_row_stride + cols[None, :], mask=mask, other=0.0
+    ).to(tl.float32)
     if HAS_TOKEN_TYPES:
         type_id = tl.load(token_type_ids_ptr + rows, mask=is_row, other=0).to(tl.int64)
         is_bad_type = (type_id < 0) | (type_id >= type_vocab_size)
         is_bad = is_bad | is_bad_type
         type_id = tl.where(is_bad_type, 0, type_id)
-        h += tl.load(type_ptr + type_id[:, None] * type_row_stride + cols[None, :],
-                     mask=mask, other=0.0).to(tl.float32)
-    h += tl.load(pos_ptr + pos_id[:, None] * pos_row_stride + cols[None, :], mask=mask,
-                 other=0.0).to(tl.float32)
+        h += tl.load(
+            type_ptr + type_id[:, None] * type_row_stride + cols[None, :], mask=mask, other=0.0
+        ).to(tl.float32)
+    h += tl.load(
+        pos_ptr + pos_id[:, None] * pos_row_stride + cols[None, :], mask=mask, other=0.0
+    ).to(tl.float32)
     y = _normalize_rows(h, is_col, n_cols, eps, weight_ptr, ln_bias_ptr, cols)
     y = tl.where(is_bad[:, None], float("nan"), y)
-    tl.store(out_ptr + rows[:, None] * out_row_stride + cols[None, :],
-             cast_out(y, out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + rows[:, None] * out_row_stride + cols[None, :],
+        cast_out(y, out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 # ---------------------------------------------------------------- launchers
@@ -126,16 +167,29 @@ def launch_add_layernorm(x, residual, bias, weight, ln_bias, eps):
     if n_rows and n_cols:
         block_m, block_h, warps = _row_tiles(n_cols)
         _add_layernorm_kernel[(triton.cdiv(n_rows, block_m),)](
-            x2, r2, bias if bias is not None else weight, weight.contiguous(),
-            ln_bias.contiguous(), out,
-            n_rows, n_cols, x2.stride(0), r2.stride(0), out.stride(0), eps,
-            HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_H=block_h, num_warps=warps,
+            x2,
+            r2,
+            bias if bias is not None else weight,
+            weight.contiguous(),
+            ln_bias.contiguous(),
+            out,
+            n_rows,
+            n_cols,
+            x2.stride(0),
+            r2.stride(0),
+            out.stride(0),
+            eps,
+            HAS_BIAS=bias is not None,
+            BLOCK_M=block_m,
+            BLOCK_H=block_h,
+            num_warps=warps,
         )
     return out.view(x.shape)
 
 
-def launch_embed_layernorm(input_ids, position_ids, token_type_ids, word, pos, types,
-                           weight, bias, eps):
+def launch_embed_layernorm(
+    input_ids, position_ids, token_type_ids, word, pos, types, weight, bias, eps
+):
     n_cols = word.shape[1]
     ids = input_ids.reshape(-1).contiguous()
     pos_ids = position_ids.reshape(-1).contiguous()
@@ -148,21 +202,56 @@ def launch_embed_layernorm(input_ids, position_ids, token_type_ids, word, pos, t
     if n_tokens and n_cols:
         block_m, block_h, warps = _row_tiles(n_cols)
         _embed_layernorm_kernel[(triton.cdiv(n_tokens, block_m),)](
-            ids, pos_ids, type_ids, word, pos, types, weight.contiguous(),
-            bias.contiguous(), out,
-            n_tokens, n_cols, word.shape[0], pos.shape[0], types.shape[0],
-            word.stride(0), pos.stride(0), types.stride(0), out.stride(0), eps,
-            HAS_TOKEN_TYPES=has_types, BLOCK_M=block_m, BLOCK_H=block_h, num_warps=warps,
+            ids,
+            pos_ids,
+            type_ids,
+            word,
+            pos,
+            types,
+            weight.contiguous(),
+            bias.contiguous(),
+            out,
+            n_tokens,
+            n_cols,
+            word.shape[0],
+            pos.shape[0],
+            types.shape[0],
+            word.stride(0),
+            pos.stride(0),
+            types.stride(0),
+            out.stride(0),
+            eps,
+            HAS_TOKEN_TYPES=has_types,
+            BLOCK_M=block_m,
+            BLOCK_H=block_h,
+            num_warps=warps,
         )
     return out.view(tuple(input_ids.shape) + (n_cols,))
 
 
 # ---------------------------------------------------------------- registered ops
-def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
-                    position_embeddings, token_type_embeddings, weight, bias, eps):
-    return launch_embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
-                                  position_embeddings, token_type_embeddings, weight, bias,
-                                  eps)
+def embed_layernorm(
+    input_ids,
+    position_ids,
+    token_type_ids,
+    word_embeddings,
+    position_embeddings,
+    token_type_embeddings,
+    weight,
+    bias,
+    eps,
+):
+    return launch_embed_layernorm(
+        input_ids,
+        position_ids,
+        token_type_ids,
+        word_embeddings,
+        position_embeddings,
+        token_type_embeddings,
+        weight,
+        bias,
+        eps,
+    )
 
 
 def add_layernorm(x, residual, bias, weight, ln_bias, eps):

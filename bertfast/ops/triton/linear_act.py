@@ -8,19 +8,30 @@ groups of GROUP_M row-tiles so neighbouring programs share weight tiles in L2.
 Autotuned on GPUs, keyed on (M bucket, N, K) and the dtypes; under the interpreter
 one small config.
 """
+
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import (ACTIVATION_CODES, apply_activation, bucket, cast_out, configs,
-                      dot_precision, rows_of)
+from ._common import (
+    ACTIVATION_CODES,
+    apply_activation,
+    bucket,
+    cast_out,
+    configs,
+    dot_precision,
+    rows_of,
+)
 
 
 def _cfg(bm, bn, bk, warps, stages, group_m=8):
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m},
-                         num_warps=warps, num_stages=stages)
+    return triton.Config(
+        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group_m},
+        num_warps=warps,
+        num_stages=stages,
+    )
 
 
 # A100 / H100 defaults for fp16/bf16 BERT FFN shapes (N = 4H, K = H, H in 384..1024);
@@ -55,15 +66,34 @@ def _prune(configs_, named_args, **kwargs):
 # loads, so loads never leave the tensors, and masked at the store; the K tail is
 # masked to zero (EVEN_K: K is a multiple of BLOCK_K, no masks at all).
 # Grid: (cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N),), grouped by GROUP_M row tiles.
-@triton.autotune(configs=configs(_GPU_CONFIGS, _INTERPRET_CONFIG),
-                 key=["m_bucket", "N", "K"], prune_configs_by={"early_config_prune": _prune})
+@triton.autotune(
+    configs=configs(_GPU_CONFIGS, _INTERPRET_CONFIG),
+    key=["m_bucket", "N", "K"],
+    prune_configs_by={"early_config_prune": _prune},
+)
 @triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 @triton.jit
 def _linear_act_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, m_bucket,
-    x_stride_m, x_stride_k, w_stride_n, w_stride_k, out_stride_m,
-    ACTIVATION: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    m_bucket,
+    x_stride_m,
+    x_stride_k,
+    w_stride_n,
+    w_stride_k,
+    out_stride_m,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -84,7 +114,7 @@ def _linear_act_kernel(
     w_ptrs = w_ptr + load_n[None, :] * w_stride_n + offs_k[:, None] * w_stride_k
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(tl.cdiv(K, BLOCK_K)):
         if EVEN_K:  # no K tail: unmasked (vectorisable) loads
             a = tl.load(x_ptrs)
             b = tl.load(w_ptrs)
@@ -100,8 +130,11 @@ def _linear_act_kernel(
         acc += tl.load(bias_ptr + load_n).to(tl.float32)[None, :]
     y = apply_activation(acc, ACTIVATION)
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    tl.store(out_ptr + offs_m.to(tl.int64)[:, None] * out_stride_m + offs_n[None, :],
-             cast_out(y, out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + offs_m.to(tl.int64)[:, None] * out_stride_m + offs_n[None, :],
+        cast_out(y, out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 def launch_linear_act(x2: torch.Tensor, weight: torch.Tensor, bias, activation: str):
@@ -114,15 +147,28 @@ def launch_linear_act(x2: torch.Tensor, weight: torch.Tensor, bias, activation: 
     if K == 0:  # empty reduction: act(bias)
         pre = bias.expand(M, N) if bias is not None else out.zero_()
         from .bias_act import launch_bias_act
+
         return launch_bias_act(pre.contiguous(), None, activation, out)
 
     def grid(meta):
         return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
     _linear_act_kernel[grid](
-        x2, weight, bias if bias is not None else weight, out, M, N, K, bucket(M, 4096),
-        x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1), out.stride(0),
-        ACTIVATION=ACTIVATION_CODES[activation], HAS_BIAS=bias is not None,
+        x2,
+        weight,
+        bias if bias is not None else weight,
+        out,
+        M,
+        N,
+        K,
+        bucket(M, 4096),
+        x2.stride(0),
+        x2.stride(1),
+        weight.stride(0),
+        weight.stride(1),
+        out.stride(0),
+        ACTIVATION=ACTIVATION_CODES[activation],
+        HAS_BIAS=bias is not None,
         DOT_PRECISION=dot_precision(x2.dtype),
     )
     return out

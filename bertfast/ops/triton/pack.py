@@ -11,6 +11,7 @@ included, arrives bit-exact, and the NaN fill is an integer bit pattern. No
 floating-point constant of the storage dtype is built in the kernel (the Triton 3.6
 interpreter cannot build bf16 constants).
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,17 @@ from ._common import elementwise_warps, is_interpret, next_pow2
 # Grid: (cdiv(n_rows, BLOCK_M), cdiv(n_cols, BLOCK_N)).
 @triton.jit
 def _gather_rows_kernel(
-    x_ptr, indices_ptr, out_ptr, n_rows, n_src_rows, n_cols, x_row_stride, out_row_stride,
-    FILL_NAN: tl.constexpr, NAN_BITS: tl.constexpr, BLOCK_M: tl.constexpr,
+    x_ptr,
+    indices_ptr,
+    out_ptr,
+    n_rows,
+    n_src_rows,
+    n_cols,
+    x_row_stride,
+    out_row_stride,
+    FILL_NAN: tl.constexpr,
+    NAN_BITS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -37,12 +47,16 @@ def _gather_rows_kernel(
     src = tl.load(indices_ptr + rows, mask=is_row, other=0).to(tl.int64)
     is_valid = (src >= 0) & (src < n_src_rows)
     src = tl.where(is_valid, src, 0)
-    vals = tl.load(x_ptr + src[:, None] * x_row_stride + cols[None, :],
-                   mask=mask & is_valid[:, None], other=0)
+    vals = tl.load(
+        x_ptr + src[:, None] * x_row_stride + cols[None, :], mask=mask & is_valid[:, None], other=0
+    )
     if FILL_NAN:  # vals hold the bits of floats: the quiet NaN of their width
         vals = tl.where(is_valid[:, None], vals, NAN_BITS)
-    tl.store(out_ptr + rows[:, None] * out_row_stride + cols[None, :],
-             vals.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + rows[:, None] * out_row_stride + cols[None, :],
+        vals.to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 # out[indices[t], :] = x[t, :]   (out is zero-filled by the launcher beforehand)
@@ -51,8 +65,16 @@ def _gather_rows_kernel(
 # skipped. Grid: (cdiv(n_rows, BLOCK_M), cdiv(n_cols, BLOCK_N)).
 @triton.jit
 def _scatter_rows_kernel(
-    x_ptr, indices_ptr, out_ptr, n_rows, n_dst_rows, n_cols, x_row_stride, out_row_stride,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    x_ptr,
+    indices_ptr,
+    out_ptr,
+    n_rows,
+    n_dst_rows,
+    n_cols,
+    x_row_stride,
+    out_row_stride,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -62,8 +84,9 @@ def _scatter_rows_kernel(
     is_valid = (dst >= 0) & (dst < n_dst_rows)
     dst = tl.where(is_valid, dst, 0)
     vals = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0)
-    tl.store(out_ptr + dst[:, None] * out_row_stride + cols[None, :], vals,
-             mask=mask & is_valid[:, None])
+    tl.store(
+        out_ptr + dst[:, None] * out_row_stride + cols[None, :], vals, mask=mask & is_valid[:, None]
+    )
 
 
 def _tiles(n_cols: int):
@@ -103,9 +126,18 @@ def pack_tokens(x, indices):
     if n_rows and n_cols:
         block_m, block_n, warps = _tiles(n_cols)
         _gather_rows_kernel[(triton.cdiv(n_rows, block_m), triton.cdiv(n_cols, block_n))](
-            x2, indices, out, n_rows, x2.shape[0], n_cols, x2.stride(0), out.stride(0),
-            FILL_NAN=x.dtype in _BITS, NAN_BITS=_BITS.get(x.dtype, (None, 0))[1],
-            BLOCK_M=block_m, BLOCK_N=block_n,
+            x2,
+            indices,
+            out,
+            n_rows,
+            x2.shape[0],
+            n_cols,
+            x2.stride(0),
+            out.stride(0),
+            FILL_NAN=x.dtype in _BITS,
+            NAN_BITS=_BITS.get(x.dtype, (None, 0))[1],
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
             num_warps=warps,
         )
     return out.view(x.dtype).view((n_rows,) + tuple(x.shape[1:]))
@@ -118,7 +150,16 @@ def unpack_tokens(x, indices, num_rows):
     if n_rows and n_cols:
         block_m, block_n, warps = _tiles(n_cols)
         _scatter_rows_kernel[(triton.cdiv(n_rows, block_m), triton.cdiv(n_cols, block_n))](
-            x2, indices, out, n_rows, num_rows, n_cols, x2.stride(0), out.stride(0),
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps,
+            x2,
+            indices,
+            out,
+            n_rows,
+            num_rows,
+            n_cols,
+            x2.stride(0),
+            out.stride(0),
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=warps,
         )
     return out.view(x.dtype).view((num_rows,) + tuple(x.shape[1:]))
