@@ -270,25 +270,35 @@ def cmd_encode(args) -> int:
                 else "their ids are absent")
         listed = "; ".join(bad.describe(source.name) for bad in summary.bad)
         more = ", ..." if summary.skipped > len(summary.bad) else ""
-        print(f"skipped {summary.skipped} bad rows ({held}): {listed}{more}")
+        rows = "row" if summary.skipped == 1 else "rows"
+        print(f"skipped {summary.skipped} bad {rows} ({held}): {listed}{more}")
     return 0
 
 
 def _ray_error(exc: BaseException) -> str:
     """The user-facing cause inside a Ray task error, as one line."""
+    import re
+
     seen = set()
-    while exc is not None and id(exc) not in seen:
+    while id(exc) not in seen:
         seen.add(id(exc))
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, BaseException) and cause is not exc:
-            exc = cause
-            continue
-        if exc.__cause__ is not None:
-            exc = exc.__cause__
-            continue
-        break
-    text = str(exc).strip().splitlines()
-    return text[-1] if text else type(exc).__name__
+        nxt = getattr(exc, "cause", None) or exc.__cause__
+        if not isinstance(nxt, BaseException):
+            break
+        exc = nxt
+    if "ray." not in type(exc).__module__ and "UserCodeException" not in type(exc).__name__:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    # Ray's own wrapper: the original error is the last "SomeError: message" line.
+    found = None
+    for line in str(exc).splitlines():
+        match = re.match(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$", line.strip())
+        if match and "RayTaskError" not in line and "UserCodeException" not in match.group(1):
+            found = match
+    if found is None:
+        lines = str(exc).strip().splitlines()
+        return lines[-1] if lines else type(exc).__name__
+    name, message = found.groups()
+    return message if name in ("ValueError", "TypeError", "CheckpointError") else f"{name}: {message}"
 
 
 def _init_ray(address: Optional[str]):
@@ -370,18 +380,15 @@ def cmd_encode_ray(args) -> int:
           f"{args.actors or 1} actor(s)); {seconds:.2f} s ({written / max(seconds, 1e-9):.1f} "
           "texts/s, start-up included)")
     if skipped:
-        print(f"skipped {skipped} bad rows (null texts; their ids are absent)")
+        print(f"skipped {skipped} bad {'row' if skipped == 1 else 'rows'} (null texts; their "
+              "ids are absent)")
     return 0
 
 
 def _parquet_rows(path: str) -> int:
     from .ray import parquet_row_groups
 
-    try:
-        groups, total = parquet_row_groups(path, column="id")
-    except ValueError:
-        return 0
-    return total
+    return parquet_row_groups(path, column=None)[1]
 
 
 # ---------------------------------------------------------------- serve

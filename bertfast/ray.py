@@ -212,11 +212,12 @@ def _filesystem(path: str):
     return pafs.LocalFileSystem(), str(Path(path).expanduser().resolve())
 
 
-def parquet_row_groups(path: str, column: str = "text", keep: Sequence[str] = ()
+def parquet_row_groups(path: str, column: Optional[str] = "text", keep: Sequence[str] = ()
                        ) -> Tuple[List[Dict[str, Any]], int]:
     """The row groups of a Parquet file or folder (files in name order), each with
     the global row id of its first row: the work list of :func:`read_row_groups`.
-    Reads only the footers. Returns (row groups, total rows)."""
+    Reads only the footers; checks that ``column`` (unless None) holds strings and
+    that the ``keep`` columns exist. Returns (row groups, total rows)."""
     import pyarrow as pa
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
@@ -240,11 +241,11 @@ def parquet_row_groups(path: str, column: str = "text", keep: Sequence[str] = ()
         with fs.open_input_file(file) as f:
             meta = pq.ParquetFile(f)
             schema = meta.schema_arrow
-            for name in [column, *keep]:
+            for name in ([column] if column is not None else []) + list(keep):
                 if name not in schema.names:
                     raise ValueError(f"{file} has no column {name!r} (its columns: "
                                      f"{', '.join(schema.names)})")
-            kind = schema.field(column).type
+            kind = schema.field(column).type if column is not None else pa.string()
             if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
                 raise ValueError(f"{file}: column {column!r} holds {kind}, not text")
             for g in range(meta.metadata.num_row_groups):
@@ -253,9 +254,9 @@ def parquet_row_groups(path: str, column: str = "text", keep: Sequence[str] = ()
                     groups.append({"file": file, "row_group": g, "first_id": offset,
                                    "rows": rows})
                 offset += rows
-    uri = path if "://" in path else None
+    uri = path if "://" in path else ""
     for g in groups:
-        g["uri"] = uri
+        g["uri"] = uri  # "" for local files (a None would become NaN in a numpy batch)
     return groups, offset
 
 
@@ -271,7 +272,7 @@ def read_row_groups(batch: Dict[str, Any], column: str = "text", keep: Sequence[
     tables = []
     for file, group, first, uri in zip(batch["file"], batch["row_group"], batch["first_id"],
                                        batch["uri"]):
-        fs, _ = _filesystem(uri) if uri else _filesystem(str(file))
+        fs, _ = _filesystem(str(uri)) if uri else _filesystem(str(file))
         with fs.open_input_file(str(file)) as f:
             table = pq.ParquetFile(f).read_row_group(
                 int(group), columns=list(dict.fromkeys([column, *keep])))
@@ -475,7 +476,7 @@ class EmbeddingService:
         return {"object": "list", "data": items, "model": data.get("model") or self.model_name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self, request=None) -> Dict[str, Any]:
         with self.lock:
             requests = dict(self.batch_requests)
             texts = dict(self.batch_texts)
@@ -487,7 +488,7 @@ class EmbeddingService:
                 "requests_per_batch": {str(k): v for k, v in sorted(requests.items())},
                 "texts_per_batch": {str(k): v for k, v in sorted(texts.items())}}
 
-    def info(self) -> Dict[str, Any]:
+    def info(self, request=None) -> Dict[str, Any]:
         return {"model": self.model_name, "dim": self.embedder.dim,
                 "max_input_tokens": self.limit, "max_batch_size": self.max_batch_size,
                 "normalize": self.embedder.normalize, "pooling": list(self.embedder.pooling),

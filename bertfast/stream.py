@@ -524,8 +524,8 @@ def _make_source(path: Path, display: str, fmt: str, field_name: str, keep) -> S
                               "(use .jsonl, .csv or .parquet)")
         return TextSource(path, display, field_name, keep)
     if "id" in keep or "embedding" in keep:
-        raise StreamError("--keep cannot name 'id' or 'embedding': the output writes "
-                          "those columns itself")
+        raise StreamError("--keep cannot name 'id' or 'embedding': the output has its own "
+                          "(id = the input row number, from 0); rename that input column")
     cls = {"jsonl": JsonlSource, "csv": CsvSource, "parquet": ParquetSource}[fmt]
     return cls(path, display, field_name, keep)
 
