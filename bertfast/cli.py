@@ -279,26 +279,26 @@ def _ray_error(exc: BaseException) -> str:
     """The user-facing cause inside a Ray task error, as one line."""
     import re
 
-    seen = set()
-    while id(exc) not in seen:
+    chain, seen = [], set()
+    while isinstance(exc, BaseException) and id(exc) not in seen:
         seen.add(id(exc))
-        nxt = getattr(exc, "cause", None) or exc.__cause__
-        if not isinstance(nxt, BaseException):
-            break
-        exc = nxt
-    if "ray." not in type(exc).__module__ and "UserCodeException" not in type(exc).__name__:
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    # Ray's own wrapper: the original error is the last "SomeError: message" line.
-    found = None
-    for line in str(exc).splitlines():
-        match = re.match(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$", line.strip())
-        if match and "RayTaskError" not in line and "UserCodeException" not in match.group(1):
-            found = match
-    if found is None:
-        lines = str(exc).strip().splitlines()
-        return lines[-1] if lines else type(exc).__name__
-    name, message = found.groups()
-    return message if name in ("ValueError", "TypeError", "CheckpointError") else f"{name}: {message}"
+        chain.append(exc)
+        exc = getattr(exc, "cause", None) or exc.__cause__
+    inner = chain[-1]
+    if "ray" not in type(inner).__module__.split(".")[0] and str(inner).strip():
+        return str(inner).strip().splitlines()[0]
+    # Ray's wrappers carry the original error as a "SomeError: message" line of text.
+    pattern = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$")
+    for error in reversed(chain):
+        for line in str(error).splitlines():
+            match = pattern.match(line.strip())
+            if match and not any(word in line for word in ("RayTaskError", "UserCodeException",
+                                                           "RaySystemError", "ray.exceptions")):
+                name, message = match.groups()
+                return message if name in ("ValueError", "TypeError", "CheckpointError") \
+                    else f"{name}: {message}"
+    lines = str(chain[0]).strip().splitlines()
+    return lines[-1] if lines else type(chain[0]).__name__
 
 
 def _init_ray(address: Optional[str]):
@@ -421,9 +421,10 @@ def cmd_serve(args) -> int:
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(app, name="bertfast", route_prefix="/")
+    except KeyboardInterrupt:
+        serve.shutdown()
+        raise
     except Exception as exc:
-        if isinstance(exc, KeyboardInterrupt):
-            raise
         serve.shutdown()
         raise UserError(f"cannot start the server: {_ray_error(exc)}") from None
 

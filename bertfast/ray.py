@@ -149,7 +149,8 @@ def embed_dataset(ds, path: Optional[Union[str, Path]] = None, column: str = "te
     ``concurrency=<GPUs>`` give one actor per GPU. ``embedder_kwargs`` (``device``,
     ``dtype``, ``backend``, ``max_length``, ``pooling``, ``normalize``,
     ``max_tokens`` and the model batch size ``encode_batch_size``) go to
-    :class:`BertfastPredictor` (or ``predictor``, a subclass of it).
+    :class:`BertfastPredictor` (or ``predictor``, a subclass of it, which may take
+    more keyword arguments).
 
     Rows keep their input order (the dataset's ``preserve_order`` execution option
     is switched on; pass ``preserve_order=False`` when order does not matter). An
@@ -161,7 +162,7 @@ def embed_dataset(ds, path: Optional[Union[str, Path]] = None, column: str = "te
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
     unknown = set(embedder_kwargs) - {"device", "dtype", "backend", "max_length", "pooling",
                                       "normalize", "max_tokens", "encode_batch_size"}
-    if unknown:
+    if unknown and predictor is BertfastPredictor:  # a subclass may take more
         raise TypeError(f"embed_dataset() got unexpected arguments {sorted(unknown)}")
     if "dtype" in embedder_kwargs:
         _torch_dtype(embedder_kwargs["dtype"])  # fail here, not in every actor
@@ -517,12 +518,14 @@ class EmbeddingService:
                 result = await result
             return JSONResponse(result)
         except RequestError as exc:
-            if openai:
+            status = exc.status
+            if openai:  # the OpenAI API answers every invalid request with 400
+                status = 400 if status in (413, 422) else status
                 body = {"error": {"message": exc.message, "type": "invalid_request_error",
                                   "param": None, "code": None}}
             else:
                 body = {"error": exc.message, "error_type": exc.kind}
-            return JSONResponse(body, status_code=exc.status)
+            return JSONResponse(body, status_code=status)
 
 
 def _json_kind(value) -> str:
