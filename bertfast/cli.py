@@ -319,8 +319,9 @@ def _init_ray(address: Optional[str]):
 
 def cmd_encode_ray(args) -> int:
     """--ray: Parquet in, Parquet out, through Ray Data (one model per actor)."""
-    if Path(args.output).suffix.lower() != ".parquet":
-        raise UserError(f"with --ray, --output must be a .parquet folder, not {args.output!r}")
+    if "://" not in args.output and Path(args.output).suffix.lower() != ".parquet":
+        raise UserError(f"with --ray, --output must be a .parquet folder (or a URI such as "
+                        f"s3://bucket/vectors/), not {args.output!r}")
     if args.input == "-" or (args.input_format or "parquet") != "parquet" or (
             "://" not in args.input and Path(args.input).suffix.lower() not in (".parquet", "")
             and not Path(args.input).is_dir()):
