@@ -2,11 +2,18 @@
 
 Public API (imported lazily so ``import bertfast`` stays cheap):
 
-- ``from_pretrained(path, device="cpu", dtype=torch.float32, backend="auto", head=None)``
-- ``optimize(hf_model, backend="auto", dtype=None)``
-- ``Embedder.from_pretrained(path)`` and ``default_checkpoint()``
+- ``from_pretrained(path, device="cpu", dtype=torch.float32, backend="auto", head=None,
+  cuda_graphs=None)``
+- ``optimize(hf_model, backend="auto", dtype=None, fallback=True, cuda_graphs=None,
+  padded_positions="zeros")``
+- ``Embedder.from_pretrained(path=None, device="cpu", dtype=torch.float32,
+  backend="auto", max_length=None)`` and ``default_checkpoint()``
 - ``backends()`` and ``build_info()``
 - ``EncoderConfig``
+- ``CheckpointError`` (the one error for a checkpoint that cannot be loaded, a
+  ``ValueError``) and ``BackendError`` (a backend that cannot run the input)
+
+README.md documents each of them; docs/design.md explains how they are built.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ _LAZY = {
     "backends": "bertfast.info",
     "build_info": "bertfast.info",
     "BackendError": "bertfast.ops.dispatch",
+    "CheckpointError": "bertfast.validate",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

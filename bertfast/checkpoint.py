@@ -45,9 +45,13 @@ ALBERT layers are stored once per (group, inner layer): ``layers.{g * inner_grou
 Loading is tensor by tensor: only the weights the chosen head needs are read, each
 is cast to the requested dtype and moved to the device as it is read, and the Q/K/V
 parts of a layer are freed as soon as they are concatenated, so no second full copy
-of the model is ever held. Every problem (missing or unreadable folder, missing or
-corrupt weight file, unknown model_type, a weight of the wrong shape, missing
-weights) raises before anything is returned.
+of the model is ever held. Every problem raises :class:`CheckpointError` (one class
+for the package, a ``ValueError``; a missing folder or file is also a
+``FileNotFoundError``) before anything is returned: missing or unreadable folder,
+missing or corrupt weight file, a shard path in an index file that leaves the folder
+(absolute, ``..``, or a symlink out of it), unknown model_type, a bad config field, a
+weight of the wrong shape or of a non-floating dtype, layers or token-type weights
+the config does not declare, missing weights.
 """
 from __future__ import annotations
 
@@ -60,6 +64,7 @@ import torch
 
 from .config import EncoderConfig
 from .heads import head_weight_specs, resolve_head
+from .validate import CheckpointError, CheckpointNotFoundError, checkpoint_folder
 
 __all__ = [
     "CheckpointError",
@@ -77,10 +82,6 @@ PREFIXES = {
     "electra": "electra.",
     "distilbert": "distilbert.",
 }
-
-
-class CheckpointError(ValueError):
-    """The checkpoint folder cannot be loaded (its message says why)."""
 
 
 # --------------------------------------------------------------------- key maps
@@ -190,9 +191,10 @@ def _table(family: str):
     return t
 
 
-def canonical_name(cfg: EncoderConfig, key: str) -> Optional[Tuple[str, Optional[int]]]:
-    """``(canonical name, qkv part or None)`` for a checkpoint key, or None if the
-    key is not one bertfast uses (buffers such as ``position_ids``, other heads...)."""
+def _match(cfg: EncoderConfig, key: str):
+    """``(canonical name, qkv part, stored layer index)`` for a checkpoint key, whatever
+    the config's layer count (``index`` None outside layers), or None when no table
+    row matches. For ALBERT the index is ``(group, inner)``."""
     prefix = PREFIXES[cfg.family]
     if key.startswith(prefix):
         key = key[len(prefix):]
@@ -205,17 +207,35 @@ def canonical_name(cfg: EncoderConfig, key: str) -> Optional[Tuple[str, Optional
         if m is None:
             continue
         g = m.groupdict()
+        index = None
         if g.get("g") is not None:
-            group, inner = int(g["g"]), int(g["j"])
-            if group >= cfg.num_hidden_groups or inner >= cfg.inner_group_num:
-                return None
-            g["i"] = group * cfg.inner_group_num + inner
-        elif g.get("i") is not None and int(g["i"]) >= cfg.num_stored_layers:
-            return None
+            index = (int(g["g"]), int(g["j"]))
+            g["i"] = index[0] * cfg.inner_group_num + index[1]
+        elif g.get("i") is not None:
+            index = int(g["i"])
         name = tpl.format(i=g.get("i"), p=g.get("p"))
         part = _QKV[g["qkv"]] if g.get("qkv") else None
-        return name, part
+        return name, part, index
     return None
+
+
+def _beyond_config(cfg: EncoderConfig, index) -> bool:
+    """Whether a stored layer index lies outside the layers the config declares."""
+    if index is None:
+        return False
+    if isinstance(index, tuple):
+        return index[0] >= cfg.num_hidden_groups or index[1] >= cfg.inner_group_num
+    return index >= cfg.num_stored_layers
+
+
+def canonical_name(cfg: EncoderConfig, key: str) -> Optional[Tuple[str, Optional[int]]]:
+    """``(canonical name, qkv part or None)`` for a checkpoint key, or None if the
+    key is not one bertfast uses (buffers such as ``position_ids``, other heads,
+    layers beyond the config's count...)."""
+    found = _match(cfg, key)
+    if found is None or _beyond_config(cfg, found[2]):
+        return None
+    return found[0], found[1]
 
 
 def encoder_weight_specs(cfg: EncoderConfig) -> Dict[str, tuple]:
@@ -260,10 +280,11 @@ def convert(
 ) -> Dict[str, torch.Tensor]:
     """Canonical weights from ``(key, get_tensor)`` pairs.
 
-    ``get_tensor`` is only called for keys the encoder and ``head`` need. Floating
-    tensors are cast to ``dtype`` on ``device`` as they are read (a new tensor; the
-    source is never modified). Raises :class:`CheckpointError` on a wrong shape or
-    missing weights.
+    ``get_tensor`` is only called for keys the encoder and ``head`` need. Tensors are
+    cast to ``dtype`` on ``device`` as they are read (a new tensor; the source is
+    never modified). Raises :class:`CheckpointError` on a wrong shape, a non-floating
+    weight, layers or token-type weights the config does not declare, or missing
+    weights.
     """
     required = encoder_weight_specs(cfg)
     head_req, optional = head_weight_specs(cfg, head)
@@ -279,21 +300,35 @@ def convert(
     H = cfg.hidden_size
     device = torch.device(device)
 
-    def cast(t: torch.Tensor) -> torch.Tensor:
-        if t.is_floating_point():
-            return t.to(device=device, dtype=dtype, copy=False)
-        return t.to(device=device)
+    def cast(t: torch.Tensor) -> torch.Tensor:  # floating point: checked when read
+        return t.to(device=device, dtype=dtype, copy=False)
 
+    extra_layers: List[Tuple[object, str]] = []  # (stored index, key) beyond the config
     for key, get in items:
-        mapped = canonical_name(cfg, key)
-        if mapped is None:
+        found = _match(cfg, key)
+        if found is None:
             continue
-        name, part = mapped
+        name, part, index = found
+        if _beyond_config(cfg, index):
+            extra_layers.append((index, key))
+            continue
+        if name == "embeddings.token_type" and not cfg.has_token_types \
+                and cfg.family != "distilbert":
+            t = get()
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else "?"
+            raise CheckpointError(
+                f"{source}: config.json says type_vocab_size={cfg.type_vocab_size}, but the "
+                f"weights hold token-type embeddings {key} of shape {shape}; set "
+                f"type_vocab_size to the number of rows of that tensor")
         if name not in wanted or name in out:
             continue
         t = get()
         if not isinstance(t, torch.Tensor):
             raise CheckpointError(f"{source}: {key} is not a tensor")
+        if not t.is_floating_point():
+            raise CheckpointError(
+                f"{source}: weight {key} (bertfast {name}) has dtype {t.dtype}; weights must "
+                f"be floating point (float32, float16 or bfloat16)")
         if part is None:
             if tuple(t.shape) != tuple(wanted[name]):
                 raise CheckpointError(
@@ -312,6 +347,9 @@ def convert(
             if all(p is not None for p in parts):
                 out[name] = torch.cat(parts, 0)
                 del pending[name]  # frees the three parts
+
+    if extra_layers:
+        _refuse_extra_layers(cfg, extra_layers, source)
 
     for alias, target in _FALLBACK.items():
         t = out.pop(alias, None)
@@ -336,31 +374,89 @@ def convert(
     return out
 
 
+def _refuse_extra_layers(cfg: EncoderConfig, extra, source: str) -> None:
+    """The weights hold layers the config does not declare: a wrong
+    num_hidden_layers (or ALBERT group counts) would silently drop them."""
+    index, key = max(extra, key=lambda e: e[0])
+    if cfg.family == "albert":
+        groups = max(cfg.num_hidden_groups, max(i[0] for i, _ in extra) + 1)
+        inner = max(cfg.inner_group_num, max(i[1] for i, _ in extra) + 1)
+        raise CheckpointError(
+            f"{source}: the weights hold {groups} layer group(s) of {inner} layer(s) "
+            f"(e.g. {key}), but config.json says num_hidden_groups={cfg.num_hidden_groups}, "
+            f"inner_group_num={cfg.inner_group_num}; fix the config to match the weights")
+    raise CheckpointError(
+        f"{source}: the weights hold {index + 1} layers (e.g. {key}), but config.json says "
+        f"num_hidden_layers={cfg.num_layers}; fix num_hidden_layers to match the weights")
+
+
 # ---------------------------------------------------------------------- files
+def _inside(path: str, root: str) -> bool:
+    try:
+        return os.path.commonpath([path, root]) == root
+    except ValueError:  # different drives
+        return False
+
+
+def _weight_file(folder: str, name, index: Optional[str] = None) -> str:
+    """``folder/name``, refused unless it stays inside the checkpoint folder: no
+    absolute path, no ``..``, no symlink out of the folder (except into the
+    ``blobs`` of the Hugging Face cache repo a snapshot folder belongs to)."""
+    where = f"{index} names" if index else "weight file"
+    if not isinstance(name, str) or not name:
+        raise CheckpointError(f"{folder}: {where} {name!r}, which is not a file name")
+    if os.path.isabs(name) or name.startswith(("/", "\\")) or os.path.splitdrive(name)[0]:
+        raise CheckpointError(f"{folder}: {where} the absolute path {name!r}; shard files "
+                              f"must be named relative to the checkpoint folder")
+    if ".." in name.replace("\\", "/").split("/"):
+        raise CheckpointError(f"{folder}: {where} {name!r}, which leaves the checkpoint "
+                              f"folder; shard files must lie inside it")
+    path = os.path.join(folder, name)
+    root = os.path.realpath(folder)
+    real = os.path.realpath(path)
+    if not _inside(real, root):
+        snapshots = os.path.dirname(root)
+        blobs = os.path.join(os.path.dirname(snapshots), "blobs")
+        if not (os.path.basename(snapshots) == "snapshots" and _inside(real, blobs)):
+            raise CheckpointError(
+                f"{folder}: {where} {name!r}, a symlink to {real}, outside the checkpoint "
+                f"folder; copy the file into the folder instead")
+    return path
+
+
 def find_weight_files(folder: str) -> Tuple[str, List[str]]:
     """``(format, files)`` with format ``safetensors`` or ``bin``."""
     def p(name):
         return os.path.join(folder, name)
 
     if os.path.isfile(p("model.safetensors")):
-        return "safetensors", [p("model.safetensors")]
+        return "safetensors", [_weight_file(folder, "model.safetensors")]
     for fmt, index in (("safetensors", "model.safetensors.index.json"),
                        ("bin", "pytorch_model.bin.index.json")):
         if os.path.isfile(p(index)):
             try:
                 with open(p(index), "r", encoding="utf-8") as f:
                     weight_map = json.load(f)["weight_map"]
-                shards = sorted(set(weight_map.values()))
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise CheckpointError(f"{p(index)} is not a valid shard index: {exc}") from exc
-            absent = [s for s in shards if not os.path.isfile(p(s))]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(f"{p(index)} is not a valid shard index: "
+                                      f"{type(exc).__name__}: {exc}") from exc
+            if not isinstance(weight_map, dict):
+                raise CheckpointError(f"{p(index)} is not a valid shard index: weight_map "
+                                      f"must map tensor names to shard file names")
+            for key, shard in weight_map.items():
+                if not isinstance(shard, str):
+                    raise CheckpointError(f"{p(index)}: weight_map[{key!r}] must be a shard "
+                                          f"file name, got {shard!r}")
+            shards = sorted(set(weight_map.values()))
+            paths = [_weight_file(folder, s, index) for s in shards]
+            absent = [s for s, path in zip(shards, paths) if not os.path.isfile(path)]
             if absent:
-                raise FileNotFoundError(f"{folder}: shard(s) named in {index} are missing: "
-                                        f"{', '.join(absent)}")
-            return fmt, [p(s) for s in shards]
+                raise CheckpointNotFoundError(f"{folder}: shard(s) named in {index} are "
+                                              f"missing: {', '.join(absent)}")
+            return fmt, paths
     if os.path.isfile(p("pytorch_model.bin")):
-        return "bin", [p("pytorch_model.bin")]
-    raise FileNotFoundError(
+        return "bin", [_weight_file(folder, "pytorch_model.bin")]
+    raise CheckpointNotFoundError(
         f"{folder}: no weights found (looked for model.safetensors, "
         f"model.safetensors.index.json, pytorch_model.bin, pytorch_model.bin.index.json)")
 
@@ -420,13 +516,7 @@ def load_checkpoint(
     device="cpu",
 ) -> Tuple[EncoderConfig, str, Dict[str, torch.Tensor]]:
     """Read ``path`` -> ``(config, resolved head, canonical weights)``."""
-    folder = os.fspath(path)
-    if not os.path.exists(folder):
-        raise FileNotFoundError(f"checkpoint folder {folder} does not exist")
-    if not os.path.isdir(folder):
-        raise NotADirectoryError(f"checkpoint path {folder} is not a folder")
-    if not os.access(folder, os.R_OK | os.X_OK):
-        raise PermissionError(f"checkpoint folder {folder} is not readable")
+    folder = checkpoint_folder(path)
     cfg = EncoderConfig.from_json(folder)
     head = resolve_head(cfg, head)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

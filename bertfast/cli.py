@@ -71,43 +71,45 @@ def _dtype(name: str):
 
 
 def _device(name: str):
-    import torch
+    from .validate import resolve_device
 
     try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError) as exc:
-        raise UserError(f"invalid device {name!r}: {exc}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device {name!r} asked for, but torch sees no CUDA GPU")
-    return device
+        return resolve_device(name)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _checkpoint(arg: Optional[str]) -> Path:
     from .embedder import default_checkpoint
+    from .validate import CheckpointError, checkpoint_folder
 
-    if arg is None:
-        try:
+    try:
+        if arg is None:
             return default_checkpoint()
-        except ImportError as exc:
-            raise UserError(str(exc)) from None
-    path = Path(arg).expanduser()
-    if not path.exists():
-        raise UserError(f"checkpoint {arg!r} does not exist")
-    if not path.is_dir():
-        raise UserError(f"checkpoint {arg!r} is not a folder (expected a Hugging Face "
-                        "checkpoint folder with config.json)")
-    if not (path / "config.json").is_file():
-        raise UserError(f"{arg!r} is not a Hugging Face checkpoint folder: no config.json")
-    return path
+        return Path(checkpoint_folder(arg))
+    except (ImportError, CheckpointError, TypeError) as exc:
+        raise UserError(str(exc)) from None
+
+
+def _backend_env() -> None:
+    """``BERTFAST_BACKEND`` must name a backend (it overrides ``--backend auto``)."""
+    from .validate import requested_backend
+
+    try:
+        requested_backend("auto")
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _load_embedder(path: Path, args, dtype=None):
-    from .embedder import CheckpointError, Embedder
+    from .embedder import Embedder
     from .ops.dispatch import BackendError
+    from .validate import CheckpointError
 
+    device = _device(args.device)
     try:
         return Embedder.from_pretrained(
-            path, device=_device(args.device), dtype=dtype or _dtype(args.dtype),
+            path, device=device, dtype=dtype or _dtype(args.dtype),
             backend=args.backend, max_length=getattr(args, "max_length", None))
     except (CheckpointError, BackendError) as exc:
         raise UserError(str(exc)) from None
@@ -262,7 +264,8 @@ def cmd_encode(args) -> int:
     shape = (f"shape {(summary.rows, embedder.dim)}" if output.suffix.lower() == ".npy"
              else f"{summary.rows - summary.skipped} rows of dim {embedder.dim}")
     resumed = f", resumed at row {summary.resumed_from}" if summary.resumed_from else ""
-    print(f"encoded {summary.encoded} texts with {path} -> {output} ({shape}, float32, "
+    noun = "text" if summary.encoded == 1 else "texts"
+    print(f"encoded {summary.encoded} {noun} with {path} -> {output} ({shape}, float32, "
           f"normalized={normalized}{resumed}); load {loaded - start:.2f} s, encode "
           f"{summary.seconds:.2f} s ({summary.rate:.1f} texts/s)")
     if summary.skipped:
@@ -377,7 +380,8 @@ def cmd_encode_ray(args) -> int:
     seconds = time.perf_counter() - start
     written = _parquet_rows(output)
     skipped = total - written
-    print(f"encoded {written} texts with {path} -> {output} (Parquet folder, Ray Data, "
+    print(f"encoded {written} text{'' if written == 1 else 's'} with {path} -> {output} "
+          f"(Parquet folder, Ray Data, "
           f"{args.actors or 1} actor(s)); {seconds:.2f} s ({written / max(seconds, 1e-9):.1f} "
           "texts/s, start-up included)")
     if skipped:
@@ -463,7 +467,9 @@ def cmd_check(args) -> int:
         raise UserError("bertfast check compares against transformers, which is not installed: "
                         "run `pip install bertfast[demo]` (or `pip install transformers`)") from None
 
-    from .embedder import pool, read_sentence_config
+    from tqdm.auto import tqdm
+
+    from .embedder import PROGRESS_MIN_TEXTS, pool, read_sentence_config
 
     try:  # quiet: no weight-loading bars or warnings around the report
         transformers.utils.logging.set_verbosity_error()
@@ -475,6 +481,8 @@ def cmd_check(args) -> int:
     sentences = _read_lines(args.input) if args.input else list(CHECK_SENTENCES)
     if not sentences:
         raise UserError("no sentences to check: the input file is empty")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
     pairs = [] if args.input else list(CHECK_PAIRS)
     device = _device(args.device)
 
@@ -509,29 +517,60 @@ def cmd_check(args) -> int:
     tok_equal = True
     hidden_diff = 0.0
     pooler_diff: Optional[float] = None
+    want_vectors = sent_cfg.is_sentence_transformers
+    expect_vectors = None
     groups = [(sentences, None)]
     if pairs:
         groups.append(([a for a, _ in pairs], [b for _, b in pairs]))
-    with torch.inference_mode():
+    total = sum(len(firsts) for firsts, _ in groups)
+    show = args.progress if args.progress is not None else total >= PROGRESS_MIN_TEXTS
+    with torch.inference_mode(), tqdm(total=total, disable=not show, unit="text",
+                                      desc="checking", file=sys.stderr,
+                                      dynamic_ncols=True) as bar:
         for firsts, seconds in groups:
-            mine = tok(firsts, seconds)
-            theirs = ref_tok(firsts, seconds, padding=True, truncation=True,
-                             max_length=embedder.max_length, return_tensors="pt")
-            for key in ("input_ids", "attention_mask"):
-                if not torch.equal(mine[key], theirs[key].long()):
-                    tok_equal = False
-            batch = {k: v.to(device) for k, v in mine.items()}
-            types = batch["token_type_ids"] if getattr(model.config, "type_vocab_size", 1) else None
-            out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                        token_type_ids=types)
-            expect = ref(**{k: v for k, v in batch.items() if k in ref_tok.model_input_names})
-            real = batch["attention_mask"].bool()
-            hidden_diff = max(hidden_diff, _max_abs(out.last_hidden_state[real].float(),
-                                                    expect.last_hidden_state[real]))
-            mine_pool = getattr(out, "pooler_output", None)
-            their_pool = getattr(expect, "pooler_output", None)
-            if mine_pool is not None and their_pool is not None and not pooler_missing:
-                pooler_diff = max(pooler_diff or 0.0, _max_abs(mine_pool.float(), their_pool))
+            # Longest first, in batches: each reference batch pads little; results
+            # are kept by input index.
+            inputs = firsts if seconds is None else list(zip(firsts, seconds))
+            lengths = [len(ids) for ids, _ in tok.tokenize(inputs)]
+            order = sorted(range(len(inputs)), key=lambda i: -lengths[i])
+            for start in range(0, len(order), args.batch_size):
+                index = order[start:start + args.batch_size]
+                part = [firsts[i] for i in index]
+                part_b = None if seconds is None else [seconds[i] for i in index]
+                mine = tok(part, part_b)
+                theirs = ref_tok(part, part_b, padding=True, truncation=True,
+                                 max_length=embedder.max_length, return_tensors="pt")
+                same = all(torch.equal(mine[key], theirs[key].long())
+                           for key in ("input_ids", "attention_mask"))
+                tok_equal = tok_equal and same
+                batch = {k: v.to(device) for k, v in mine.items()}
+                types = (batch["token_type_ids"]
+                         if getattr(model.config, "type_vocab_size", 1) else None)
+                out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                            token_type_ids=types)
+                expect = ref(**{k: v for k, v in batch.items()
+                                if k in ref_tok.model_input_names})
+                real = batch["attention_mask"].bool()
+                hidden_diff = max(hidden_diff, _max_abs(out.last_hidden_state[real].float(),
+                                                        expect.last_hidden_state[real]))
+                mine_pool = getattr(out, "pooler_output", None)
+                their_pool = getattr(expect, "pooler_output", None)
+                if mine_pool is not None and their_pool is not None and not pooler_missing:
+                    pooler_diff = max(pooler_diff or 0.0,
+                                      _max_abs(mine_pool.float(), their_pool))
+                if want_vectors and seconds is None:
+                    # transformers' own tokens for the embedding reference
+                    hidden, mask = expect.last_hidden_state, batch["attention_mask"]
+                    if not same:
+                        theirs = theirs.to(device)
+                        hidden = ref(**{k: v for k, v in theirs.items()
+                                        if k in ref_tok.model_input_names}).last_hidden_state
+                        mask = theirs["attention_mask"]
+                    vectors = pool(hidden, mask, embedder.pooling)
+                    if expect_vectors is None:
+                        expect_vectors = vectors.new_zeros(len(firsts), vectors.shape[-1])
+                    expect_vectors[torch.tensor(index, device=vectors.device)] = vectors
+                bar.update(len(index))
 
         rows.append(("tokenizer", "input ids identical to transformers" if tok_equal
                      else "input ids DIFFER from transformers' tokenizer", tok_equal))
@@ -543,13 +582,10 @@ def cmd_check(args) -> int:
         else:
             rows.append(("pooler_output", "no pooler in this checkpoint", None))
 
-        if sent_cfg.is_sentence_transformers:
-            vectors = embedder.encode(sentences, convert_to="torch").float()
-            theirs = ref_tok(sentences, padding=True, truncation=True,
-                             max_length=embedder.max_length, return_tensors="pt").to(device)
-            hidden = ref(**{k: v for k, v in theirs.items()
-                            if k in ref_tok.model_input_names}).last_hidden_state
-            expect = pool(hidden, theirs["attention_mask"], embedder.pooling)
+        if want_vectors:
+            vectors = embedder.encode(sentences, convert_to="torch", batch_size=args.batch_size,
+                                      show_progress=show).float()
+            expect = expect_vectors
             if embedder.normalize:
                 expect = torch.nn.functional.normalize(expect, dim=-1)
             diff = _max_abs(vectors, expect)
@@ -593,6 +629,13 @@ def _add_model_options(p: argparse.ArgumentParser, dtype: bool = True) -> None:
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default: cpu)")
     if dtype:
         p.add_argument("--dtype", default="float32", choices=DTYPES, help="weights and activations")
+
+
+def _add_progress_options(p: argparse.ArgumentParser) -> None:
+    prog = p.add_mutually_exclusive_group()
+    prog.add_argument("--progress", dest="progress", action="store_true", default=None,
+                      help="always show a progress bar on stderr (default: from 256 texts on)")
+    prog.add_argument("--no-progress", dest="progress", action="store_false")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -644,10 +687,7 @@ def build_parser() -> argparse.ArgumentParser:
     norm.add_argument("--normalize", dest="normalize", action="store_true", default=None,
                       help="L2-normalise the vectors (default: as the checkpoint says)")
     norm.add_argument("--no-normalize", dest="normalize", action="store_false")
-    prog = p.add_mutually_exclusive_group()
-    prog.add_argument("--progress", dest="progress", action="store_true", default=None,
-                      help="always show a progress bar (default: from 256 texts on)")
-    prog.add_argument("--no-progress", dest="progress", action="store_false")
+    _add_progress_options(p)
     ray_opts = p.add_argument_group("Ray Data (--ray)")
     ray_opts.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                           help="run on Ray Data: a local cluster, or the cluster at ADDRESS "
@@ -694,6 +734,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p, dtype=False)
     p.add_argument("--input", "-i", default=None,
                    help="UTF-8 text file of sentences to check (default: built-in samples)")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="sentences per batch, sorted by length (default: 32)")
+    _add_progress_options(p)
     p.set_defaults(func=cmd_check)
 
     sub.add_parser("bench", help="benchmarks (arguments go to bertfast.bench)", add_help=False)
@@ -702,10 +745,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "bench":
-        return cmd_bench(argv[1:])
-    args = build_parser().parse_args(argv)
     try:
+        if argv and argv[0] == "bench":
+            _backend_env()
+            return cmd_bench(argv[1:])
+        args = build_parser().parse_args(argv)
+        if args.command != "info":
+            _backend_env()
         return args.func(args)
     except UserError as exc:
         print(f"bertfast: error: {exc}", file=sys.stderr)

@@ -15,18 +15,27 @@ family             model_type values
 
 ``hidden_act`` is normalised to ``"gelu"`` (exact, erf), ``"gelu_tanh"``
 (``gelu_new``, ``gelu_pytorch_tanh``, ``gelu_fast``) or ``"relu"``; anything
-else is a ``ValueError``. ``position_scheme`` is ``"absolute"`` (position ids
+else is refused. ``position_scheme`` is ``"absolute"`` (position ids
 are ``arange(seq_len)``) or ``"roberta"`` (ids count non-pad tokens, offset by
 ``pad_token_id``: ``cumsum(ids != pad) * (ids != pad) + pad``).
+
+A field bertfast cannot use (an unknown ``model_type``, a size that is not a positive
+integer such as ``384.7`` or ``"384x"``, ``hidden_size`` not divisible by the head
+count, ...) raises :class:`~bertfast.validate.CheckpointError` naming the field and
+its value.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
-__all__ = ["EncoderConfig", "SUPPORTED_MODEL_TYPES", "normalize_activation"]
+from .validate import CheckpointError, CheckpointNotFoundError
+
+__all__ = ["EncoderConfig", "SUPPORTED_MODEL_TYPES", "SUPPORTED_FAMILIES", "CheckpointError",
+           "normalize_activation"]
 
 #: model_type -> family
 SUPPORTED_MODEL_TYPES: Dict[str, str] = {
@@ -38,6 +47,10 @@ SUPPORTED_MODEL_TYPES: Dict[str, str] = {
     "electra": "electra",
     "distilbert": "distilbert",
 }
+
+#: The families, as users know them (for error messages).
+SUPPORTED_FAMILIES = "BERT (incl. MiniLM, BGE, E5, GTE), RoBERTa (XLM-R, CamemBERT), ALBERT, " \
+    "ELECTRA and DistilBERT"
 
 _ACTIVATIONS = {
     "gelu": "gelu",
@@ -150,94 +163,109 @@ class EncoderConfig:
         if os.path.isdir(path):
             path = os.path.join(path, "config.json")
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"no config.json at {path}")
+            raise CheckpointNotFoundError(f"no config.json at {path}")
         try:
             with open(path, "r", encoding="utf-8") as f:
                 raw = json.load(f)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read {path}: {exc}") from exc
+            raise CheckpointError(f"cannot read {path}: {exc}") from exc
         if not isinstance(raw, dict):
-            raise ValueError(f"{path} does not hold a JSON object")
+            raise CheckpointError(f"{path} does not hold a JSON object")
         return cls.from_dict(raw, source=path)
 
     @classmethod
     def from_dict(cls, raw: Dict[str, Any], source: str = "config") -> "EncoderConfig":
+        """Normalise a transformers config dict; every bad field is a
+        :class:`CheckpointError` naming the field and its value."""
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{source}: a config must be a dict, got {type(raw).__name__}")
+        archs = _architectures(raw.get("architectures"), source)
         model_type = raw.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"{source}: unsupported model_type {model_type!r}; bertfast supports "
-                f"{', '.join(sorted(SUPPORTED_MODEL_TYPES))}"
-            )
+        if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
+            what = ("has no model_type" if model_type is None
+                    else f"has model_type {model_type!r}, which bertfast does not run")
+            arch = f" (architectures: {', '.join(archs)})" if archs else ""
+            raise CheckpointError(
+                f"{source} {what}{arch}; bertfast supports the {SUPPORTED_FAMILIES} families "
+                f"(model_type one of {', '.join(sorted(SUPPORTED_MODEL_TYPES))})")
         family = SUPPORTED_MODEL_TYPES[model_type]
 
         def need(*keys, default=None, required=True):
+            """``(key found, value)``: the first of ``keys`` set in the config."""
             for k in keys:
                 if k in raw and raw[k] is not None:
-                    return raw[k]
+                    return k, raw[k]
             if required and default is None:
-                raise ValueError(f"{source}: missing required field {keys[0]!r} "
-                                 f"for model_type {model_type!r}")
-            return default
+                raise CheckpointError(f"{source}: missing required field {keys[0]!r} "
+                                      f"for model_type {model_type!r}")
+            return keys[0], default
+
+        def size(*keys, default=None, minimum=1):
+            key, value = need(*keys, default=default)
+            return _integer(source, key, value, minimum)
 
         pos_type = raw.get("position_embedding_type", "absolute") or "absolute"
         if pos_type != "absolute":
-            raise ValueError(f"{source}: position_embedding_type={pos_type!r} is not supported "
-                             "(only 'absolute')")
+            raise CheckpointError(f"{source}: position_embedding_type={pos_type!r} is not "
+                                  "supported (only 'absolute')")
 
         if family == "distilbert":
-            hidden = int(need("dim", "hidden_size"))
+            hidden = size("dim", "hidden_size")
             kw = dict(
                 hidden_size=hidden,
                 embedding_size=hidden,
-                num_layers=int(need("n_layers", "num_hidden_layers")),
-                num_heads=int(need("n_heads", "num_attention_heads")),
-                intermediate_size=int(need("hidden_dim", "intermediate_size")),
-                hidden_act=normalize_activation(need("activation", default="gelu"),
-                                                what="activation"),
+                num_layers=size("n_layers", "num_hidden_layers"),
+                num_heads=size("n_heads", "num_attention_heads"),
+                intermediate_size=size("hidden_dim", "intermediate_size"),
+                hidden_act=_activation(source, *need("activation", default="gelu")),
                 type_vocab_size=0,
                 layer_norm_eps=1e-12,  # hard-coded in transformers' DistilBERT
             )
         else:
-            hidden = int(need("hidden_size"))
+            hidden = size("hidden_size")
             emb = hidden
             if family in ("albert", "electra"):
-                emb = int(need("embedding_size", default=hidden))
+                emb = size("embedding_size", default=hidden)
+            eps_key, eps = need("layer_norm_eps", default=1e-12)
             kw = dict(
                 hidden_size=hidden,
                 embedding_size=emb,
-                num_layers=int(need("num_hidden_layers")),
-                num_heads=int(need("num_attention_heads")),
-                intermediate_size=int(need("intermediate_size")),
-                hidden_act=normalize_activation(
-                    need("hidden_act", default="gelu_new" if family == "albert" else "gelu")),
-                type_vocab_size=int(need("type_vocab_size", default=2)),
-                layer_norm_eps=float(need("layer_norm_eps", default=1e-12)),
+                num_layers=size("num_hidden_layers"),
+                num_heads=size("num_attention_heads"),
+                intermediate_size=size("intermediate_size"),
+                hidden_act=_activation(source, *need(
+                    "hidden_act", default="gelu_new" if family == "albert" else "gelu")),
+                type_vocab_size=size("type_vocab_size", default=2, minimum=0),
+                layer_norm_eps=_positive_float(source, eps_key, eps),
             )
-        pad_default = 1 if family == "roberta" else 0
         pad = raw.get("pad_token_id")
-        pad = pad_default if pad is None else int(pad)
+        pad = (1 if family == "roberta" else 0) if pad is None else \
+            _integer(source, "pad_token_id", pad, 0)
 
         id2label = raw.get("id2label")
         if isinstance(id2label, dict):
-            id2label = {int(k): v for k, v in id2label.items()}
-        else:
-            id2label = None
+            try:
+                id2label = {int(k): v for k, v in id2label.items()}
+            except (TypeError, ValueError):
+                raise CheckpointError(f"{source}: id2label keys must be integers, got "
+                                      f"{list(id2label)!r}") from None
+        elif id2label is not None:
+            raise CheckpointError(f"{source}: id2label must be a mapping, got {id2label!r}")
         num_labels = raw.get("num_labels")
         if num_labels is None:
             num_labels = len(id2label) if id2label else 2
 
-        archs = raw.get("architectures") or ()
         cfg = cls(
             model_type=model_type,
             family=family,
-            vocab_size=int(need("vocab_size")),
-            max_position_embeddings=int(need("max_position_embeddings", default=512)),
+            vocab_size=size("vocab_size"),
+            max_position_embeddings=size("max_position_embeddings", default=512),
             pad_token_id=pad,
             position_scheme="roberta" if family == "roberta" else "absolute",
-            num_hidden_groups=int(raw.get("num_hidden_groups", 1) or 1),
-            inner_group_num=int(raw.get("inner_group_num", 1) or 1),
-            architectures=tuple(archs),
-            num_labels=int(num_labels),
+            num_hidden_groups=size("num_hidden_groups", default=1),
+            inner_group_num=size("inner_group_num", default=1),
+            architectures=archs,
+            num_labels=_integer(source, "num_labels", num_labels, 1),
             problem_type=raw.get("problem_type"),
             id2label=id2label,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
@@ -251,22 +279,63 @@ class EncoderConfig:
         return cfg
 
     def validate(self, source: str = "config") -> None:
+        """Consistency of the normalised fields (a :class:`CheckpointError` each)."""
         for name in ("vocab_size", "hidden_size", "embedding_size", "num_layers", "num_heads",
                      "intermediate_size", "max_position_embeddings", "num_hidden_groups",
                      "inner_group_num"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{source}: {name} must be positive, got {getattr(self, name)}")
+            _integer(source, name, getattr(self, name), 1)
+        _integer(source, "type_vocab_size", self.type_vocab_size, 0)
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"{source}: hidden_size {self.hidden_size} is not divisible by "
-                             f"num_heads {self.num_heads}")
+            raise CheckpointError(
+                f"{source}: hidden_size {self.hidden_size} is not divisible by "
+                f"num_attention_heads {self.num_heads} (each head must get the same width)")
         if self.family == "albert" and self.num_hidden_groups > self.num_layers:
-            raise ValueError(f"{source}: num_hidden_groups {self.num_hidden_groups} > "
-                             f"num_hidden_layers {self.num_layers}")
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"{source}: layer_norm_eps must be positive")
+            raise CheckpointError(f"{source}: num_hidden_groups {self.num_hidden_groups} > "
+                                  f"num_hidden_layers {self.num_layers}")
+        _positive_float(source, "layer_norm_eps", self.layer_norm_eps)
         if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"{source}: pad_token_id {self.pad_token_id} is outside the "
-                             f"vocabulary [0, {self.vocab_size})")
+            raise CheckpointError(f"{source}: pad_token_id {self.pad_token_id} is outside the "
+                                  f"vocabulary [0, {self.vocab_size})")
         if self.position_scheme == "roberta" and self.max_seq_len <= 0:
-            raise ValueError(f"{source}: max_position_embeddings {self.max_position_embeddings} "
-                             f"leaves no positions after the padding offset")
+            raise CheckpointError(
+                f"{source}: max_position_embeddings {self.max_position_embeddings} leaves no "
+                f"positions after the padding offset")
+
+
+def _integer(source: str, field: str, value: Any, minimum: int) -> int:
+    """``value`` as an int >= ``minimum`` (an integral float such as 384.0 is accepted;
+    384.7, "384", true are not)."""
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value, ok = int(value), True
+    if not ok:
+        raise CheckpointError(f"{source}: {field} must be an integer, got {value!r}")
+    if value < minimum:
+        need = "positive" if minimum == 1 else f">= {minimum}"
+        raise CheckpointError(f"{source}: {field} must be {need}, got {value!r}")
+    return value
+
+
+def _positive_float(source: str, field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise CheckpointError(f"{source}: {field} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _activation(source: str, field: str, value: Any) -> str:
+    try:
+        return normalize_activation(value, what=field)
+    except ValueError as exc:
+        raise CheckpointError(f"{source}: {exc}") from None
+
+
+def _architectures(value: Any, source: str) -> Tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(a, str) for a in value):
+        raise CheckpointError(f"{source}: architectures must be a list of class names, "
+                              f"got {value!r}")
+    return tuple(value)

@@ -1,4 +1,5 @@
-"""Drop-in: ``optimize(model)``: run an existing transformers / sentence-transformers model on bertfast.
+"""Drop-in: ``optimize(model)`` runs an existing transformers / sentence-transformers
+model on bertfast.
 
 The model keeps its class, call signature, head modules and output classes; only
 the forward of its encoder (``model.base_model``: ``BertModel``, ``RobertaModel``,
@@ -8,13 +9,25 @@ bertfast's padding-free encoder, which reads the model's own weight tensors:
 - weights are shared, not copied: bertfast's canonical weights alias the model's
   parameters, and the fused ``[3H, H]`` QKV matrix becomes the storage of the
   model's query/key/value parameters (they are re-pointed at views of it), so
-  memory after ``optimize()`` stays at the size of the original model;
+  memory after ``optimize()`` stays at the size of the original model. Nothing is
+  cached from them either (no packed copies, see bertfast/ops/cpu_weights.py):
+  every call reads the parameters as they are, so any in-place edit (``.data[...]
+  =``, ``copy_`` on a view, a NumPy array sharing the memory, ``load_state_dict``)
+  is seen by the next call, and a parameter given a new tensor (``p.data = t``,
+  ``module.weight = Parameter(t)``, ``model.to(...)``) is noticed by a pointer check
+  per call and the encoder rebuilt over it;
 - heads (classifiers, LM heads, QA...) run unchanged on bertfast's encoder output;
 - arguments bertfast does not implement (``output_attentions=True``, ``head_mask``,
   ``inputs_embeds``, ``past_key_values``, cross-attention inputs, ...) or a model in
   training mode run the original transformers forward for that call, with a
   warning naming the reason (``fallback=False`` raises instead);
-- padded positions of the encoder output are zero (parity holds on real tokens).
+- padded positions of the encoder output are zero by default, where transformers
+  returns values computed from the padding tokens (they can differ by several units
+  there; parity holds on real tokens). ``padded_positions="transformers"`` returns
+  transformers' values instead: a batch with padding then runs the padded layout
+  (cost follows ``batch x longest row`` like transformers, attention through torch's
+  SDPA with transformers' additive mask; the other ops stay bertfast's) and the
+  pooler reads position 0, as transformers' does.
 
 ``undo(model)`` restores the original forward.
 """
@@ -26,16 +39,23 @@ import warnings
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
+from . import heads
 from .checkpoint import canonical_name, convert
 from .config import EncoderConfig
 from .model import BertfastModel
+from .outputs import EncoderOutput
 
 __all__ = ["optimize", "undo", "UnsupportedArgument"]
 
 #: Arguments bertfast's encoder implements.
 _SUPPORTED = {"input_ids", "attention_mask", "token_type_ids", "position_ids",
               "output_hidden_states", "return_dict"}
+
+
+#: What an optimized model returns at padded positions (``optimize(padded_positions=)``).
+PADDED_POSITIONS = ("zeros", "transformers")
 
 
 class UnsupportedArgument(NotImplementedError):
@@ -47,7 +67,8 @@ def _is_sentence_transformer(model) -> bool:
 
 
 def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
-             fallback: bool = True, cuda_graphs: Optional[bool] = None):
+             fallback: bool = True, cuda_graphs: Optional[bool] = None,
+             padded_positions: str = "zeros"):
     """Make ``model`` run on bertfast and return it (the same object).
 
     ``model``: a transformers ``PreTrainedModel`` of a supported family (any head) or
@@ -57,15 +78,21 @@ def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
     bertfast does not implement: run the original forward (warn) or raise
     :class:`UnsupportedArgument`. ``cuda_graphs``: replay small batches through
     captured CUDA graphs (default: on when the model is on a CUDA device; see
-    ``bertfast/graphs.py``).
+    ``bertfast/graphs.py``). ``padded_positions``: ``"zeros"`` (padded positions
+    of the hidden states are zero, the padding-free fast path) or
+    ``"transformers"`` (transformers' values there, at the cost of running a padded
+    batch in the padded layout; see the module docstring).
     """
+    if padded_positions not in PADDED_POSITIONS:
+        choices = ", ".join(map(repr, PADDED_POSITIONS))
+        raise ValueError(f"padded_positions must be one of {choices}, got {padded_positions!r}")
     if _is_sentence_transformer(model):
         found = False
         for module in model.modules():
             inner = getattr(module, "auto_model", None)
             if inner is not None:
                 optimize(inner, backend=backend, dtype=dtype, fallback=fallback,
-                         cuda_graphs=cuda_graphs)
+                         cuda_graphs=cuda_graphs, padded_positions=padded_positions)
                 found = True
         if not found:
             raise TypeError("this SentenceTransformer has no transformers module "
@@ -91,10 +118,11 @@ def optimize(model, backend: str = "auto", dtype: Optional[torch.dtype] = None,
     cfg = EncoderConfig.from_dict(model.config.to_dict(), source=type(model).__name__)
     state = getattr(base, "_bertfast_state", None)
     if state is None:
-        state = _FastForward(base, cfg, backend, fallback, cuda_graphs)
+        state = _FastForward(base, cfg, backend, fallback, cuda_graphs, padded_positions)
         state.install()
     else:
         state.backend, state.fallback, state.cuda_graphs = backend, fallback, cuda_graphs
+        state.padded_positions = padded_positions
         state.rebuild()
     return model
 
@@ -118,8 +146,9 @@ class _FastForward:
     """The replacement forward of one transformers encoder module."""
 
     def __init__(self, base, cfg: EncoderConfig, backend: str, fallback: bool,
-                 cuda_graphs: Optional[bool]):
+                 cuda_graphs: Optional[bool], padded_positions: str = "zeros"):
         self.base = base
+        self.padded_positions = padded_positions
         self.cuda_graphs = cuda_graphs
         self.cfg = cfg
         self.backend = backend
@@ -127,12 +156,15 @@ class _FastForward:
         self.original = base.forward
         self.signature = inspect.signature(self.original)
         self.output_cls = None
+        self.output_fields = frozenset()
         self.fast: Optional[BertfastModel] = None
         self._warned = set()
 
     # ----------------------------------------------------------- install
     def install(self):
         self.output_cls = self._probe_output_class()
+        # Read once here: dataclasses.fields() of it cannot be traced by torch.compile.
+        self.output_fields = frozenset(f.name for f in dataclasses.fields(self.output_cls))
         self.rebuild()
         # Plain attributes (not submodules): state_dict / save_pretrained are unchanged.
         object.__setattr__(self.base, "_bertfast_state", self)
@@ -178,11 +210,30 @@ class _FastForward:
         self.fast = BertfastModel(self.cfg, weights, head="base", backend=self.backend)
         if self.cuda_graphs is not False:
             self.fast.enable_cuda_graphs(self.cuda_graphs)
-        self._anchor_ptr = (anchor.data_ptr(), anchor.device, anchor.dtype)
+        # (parameter dict, name) of every parameter: checked per call without walking
+        # the module tree (a module given a new Parameter shows in its dict).
+        self._param_slots = [(mod._parameters, name) for mod in self.base.modules()
+                             for name, p in mod._parameters.items() if p is not None]
+        self._params_key = self._params_now()
+        self._anchor_meta = (anchor.device, anchor.dtype)
+
+    def _params_now(self):
+        """Where every parameter of the module lives now (cheap: no data read; a
+        cast or a move makes new storage too)."""
+        return [d[name].data_ptr() if d.get(name) is not None else 0
+                for d, name in self._param_slots]
 
     def _stale(self) -> bool:
-        a = self._anchor()
-        return (a.data_ptr(), a.device, a.dtype) != self._anchor_ptr
+        if torch.compiler.is_compiling():
+            # data_ptr() cannot be traced: compare device and dtype, and refuse to rebuild
+            # inside a graph (the caller runs the model once eagerly first).
+            a = self._anchor()
+            if (a.device, a.dtype) != self._anchor_meta:
+                raise RuntimeError("bertfast.optimize: the model was moved or cast after "
+                                   "optimize(); call it once outside torch.compile (or "
+                                   "optimize() it again) before compiling")
+            return False
+        return self._params_now() != self._params_key
 
     # ----------------------------------------------------------- forward
     def _why_fallback(self, args) -> Optional[str]:
@@ -222,7 +273,7 @@ class _FastForward:
                 warnings.warn(f"bertfast: {reason}; running the original transformers "
                               f"forward for such calls", stacklevel=2)
             return self.original(*args, **kwargs)
-        if self._stale():  # the user moved or cast the model since optimize()
+        if self._stale():  # the user moved, cast or replaced parameters since optimize()
             self.rebuild()
 
         config = self.base.config
@@ -231,19 +282,60 @@ class _FastForward:
             hidden = bool(getattr(config, "output_hidden_states", False))
         return_dict = given.get("return_dict")
         if return_dict is None:
-            return_dict = getattr(config, "use_return_dict", getattr(config, "return_dict", True))
-        out = self.fast(given.get("input_ids"), attention_mask=given.get("attention_mask"),
-                        token_type_ids=given.get("token_type_ids"),
-                        position_ids=given.get("position_ids"),
-                        output_hidden_states=hidden)
-        names = {f.name for f in dataclasses.fields(self.output_cls)}
+            # config.return_dict is the supported spelling (transformers 5 deprecates
+            # use_return_dict and logs a warning when it is read); TorchScript means tuples.
+            return_dict = bool(getattr(config, "return_dict", True)) and \
+                not getattr(config, "torchscript", False)
+        mask = given.get("attention_mask")
+        if (self.padded_positions == "transformers" and isinstance(mask, torch.Tensor)
+                and bool((mask == 0).any())):
+            with torch.no_grad():
+                out = self._padded_forward(given, hidden)
+        else:
+            out = self.fast(given.get("input_ids"), attention_mask=mask,
+                            token_type_ids=given.get("token_type_ids"),
+                            position_ids=given.get("position_ids"),
+                            output_hidden_states=hidden)
         fields = {"last_hidden_state": out.last_hidden_state}
-        if "pooler_output" in names:
+        if "pooler_output" in self.output_fields:
             fields["pooler_output"] = out.get("pooler_output")
         if hidden:
             fields["hidden_states"] = out.hidden_states
         result = self.output_cls(**fields)
         return result if return_dict else result.to_tuple()
+
+
+    def _padded_forward(self, given, hidden: bool) -> EncoderOutput:
+        """``padded_positions="transformers"`` on a batch with padding: the encoder on
+        the padded ``[B, S]`` layout, every position a query (padded ones included)
+        and padded keys masked additively with the dtype's minimum, as transformers
+        does (so a row with no real token attends uniformly, as there); the pooler
+        reads position 0. Values at real positions equal the fast path's within the
+        parity tolerance."""
+        fast = self.fast
+        cfg = fast.config
+        ids = given.get("input_ids")
+        mask, types, pos = fast._prepare(ids, given.get("attention_mask"),
+                                         given.get("token_type_ids"), given.get("position_ids"))
+        h = fast._embed(ids, pos, types)
+        states = [h] if hidden else None
+        bias = torch.zeros(mask.shape, dtype=torch.float32, device=h.device)
+        bias = bias.masked_fill(mask == 0, torch.finfo(h.dtype).min)[:, None, None, :]
+        nh, scale = cfg.num_heads, cfg.head_dim ** -0.5
+
+        def attend(qkv: torch.Tensor) -> torch.Tensor:
+            B, S, H3 = qkv.shape
+            q, k, v = qkv.float().view(B, S, 3, nh, H3 // (3 * nh)).permute(2, 0, 3, 1, 4)
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+            return ctx.transpose(1, 2).reshape(B, S, H3 // 3).to(qkv.dtype)
+
+        h = fast._layers(h, attend, states)
+        out = EncoderOutput(last_hidden_state=h)
+        if states is not None:
+            out.hidden_states = tuple(states)
+        if fast.has_pooler:
+            out.pooler_output = heads.pool(fast._w, h[:, 0], fast.backend)
+        return out
 
 
 def _short(value) -> str:

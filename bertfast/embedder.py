@@ -15,16 +15,15 @@ length limit. Pooling reads real tokens only (the attention mask), in fp32.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .tokenizer import Tokenizer, TokenizerError, model_max_length
+from .validate import CheckpointError, checkpoint_folder, load_options
 
 __all__ = ["Embedder", "default_checkpoint", "CheckpointError", "POOLING_MODES", "pool"]
 
@@ -45,10 +44,6 @@ _KNOWN_MODULES = {_ST + "Transformer", _ST + "Pooling", _ST + "Normalize"}
 
 #: ``show_progress=None`` shows a progress bar from this many texts on.
 PROGRESS_MIN_TEXTS = 256
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that cannot be used (missing, unreadable, unsupported)."""
 
 
 def default_checkpoint() -> Path:
@@ -243,14 +238,14 @@ class Embedder:
     def from_pretrained(cls, path: Optional[Union[str, Path]] = None, device="cpu",
                         dtype: torch.dtype = torch.float32, backend: str = "auto",
                         max_length: Optional[int] = None) -> "Embedder":
-        """Load a checkpoint folder (default: :func:`default_checkpoint`)."""
-        path = default_checkpoint() if path is None else Path(path)
-        if not path.exists():
-            raise CheckpointError(f"checkpoint folder {path} does not exist")
-        if not path.is_dir():
-            raise CheckpointError(f"checkpoint {path} is not a folder")
-        if not (path / "config.json").is_file():
-            raise CheckpointError(f"{path} is not a Hugging Face checkpoint folder (no config.json)")
+        """Load a checkpoint folder (default: :func:`default_checkpoint`).
+
+        Raises what :func:`bertfast.from_pretrained` raises for the same mistake
+        (``CheckpointError``, which a missing folder also is as a
+        ``FileNotFoundError``; ``BackendError``/``ValueError`` for a backend or device
+        that cannot run here)."""
+        device = load_options(device, dtype, backend)
+        path = default_checkpoint() if path is None else Path(checkpoint_folder(path))
         sentence = read_sentence_config(path)
         limit = model_max_length(path)
         if max_length is None:

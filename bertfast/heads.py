@@ -43,18 +43,32 @@ Heads and their canonical weights (checkpoint.py maps each family's names):
 
 Token-level heads run on the packed real tokens only; their outputs at padded
 positions are zero, like the hidden states.
+
+Each head is a small :class:`Head` module, built once at load by
+:func:`build_head` (``BertfastModel.task_head``). It holds no weights: it reads the
+model's canonical weights by name and runs every dense layer through bertfast's
+ops (``ops.linear``, or ``ops.linear_gelu`` when the activation fuses into the
+GEMM's epilogue), so the masked-LM decoder, the largest GEMM of any head, runs on
+the same GEMM as the encoder. The one plain torch op is the masked-LM LayerNorm
+(there is no residual to fuse it with).
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from . import ops
 from .config import EncoderConfig
+from .ops.padding import PackInfo
+from .ops.reference import ACTIVATIONS
 from .ops.reference import activation as reference_activation
+from .outputs import EncoderOutput
 
-__all__ = ["HEADS", "resolve_head", "head_weight_specs", "activation"]
+__all__ = ["HEADS", "resolve_head", "head_weight_specs", "activation", "build_head", "Head",
+           "HeadInput", "dense", "pool", "first_tokens"]
 
 HEADS = (
     "base",
@@ -202,63 +216,303 @@ def head_weight_specs(cfg: EncoderConfig, head: str) -> Tuple[Dict[str, tuple], 
     return req, opt
 
 
-# ------------------------------------------------------------------------ math
-def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
+# ------------------------------------------------------------------------ modules
+#: canonical weight name -> tensor, or None when the checkpoint has no such weight
+Weights = Callable[[str], Optional[torch.Tensor]]
+
+
+def activation(x: torch.Tensor, kind: Optional[str]) -> torch.Tensor:
     """The encoder's activations (``ops.reference.activation``) plus the heads' own
-    ``tanh`` and ``identity`` (ELECTRA's sequence summary)."""
+    ``tanh`` and ``identity`` (ELECTRA's sequence summary); ``None`` is identity."""
     if kind == "tanh":
         return torch.tanh(x)
-    if kind == "identity":
+    if kind is None or kind == "identity":
         return x
     return reference_activation(x, kind)
 
 
-def _linear(w: Dict[str, torch.Tensor], name: str, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, w[f"{name}.weight"], w.get(f"{name}.bias"))
+def first_tokens(tokens: torch.Tensor, info: PackInfo) -> torch.Tensor:
+    """``[B, H]``: each row's first real token of the packed ``tokens`` ``[T, H]``;
+    zeros for rows with no real token."""
+    if torch.compiler.is_compiling():
+        # The token count is data-dependent there: no branch on it. A zero row after
+        # the tokens keeps every index valid, even for a batch with no token at all.
+        tokens = torch.cat([tokens, tokens.new_zeros(1, tokens.shape[-1])])
+    elif tokens.shape[0] == 0:
+        return tokens.new_zeros(info.batch, tokens.shape[-1])
+    first = tokens.index_select(0, info.first_token)
+    return first.masked_fill((info.lengths == 0)[:, None], 0)
 
 
-def pooler(w, first: torch.Tensor) -> torch.Tensor:
-    """tanh(dense(first-token states)); ``first`` is ``[B, H]``."""
-    return torch.tanh(_linear(w, "pooler", first))
+def dense(weight: Weights, name: str, x: torch.Tensor, act: Optional[str] = None,
+          backend: str = "auto") -> torch.Tensor:
+    """``act(x @ W.T + b)`` for the head layer ``name`` (``name.weight``,
+    ``name.bias``) through bertfast's ops: the activations the kernels implement
+    (gelu, gelu_tanh, relu) run in the GEMM's epilogue (``ops.linear_gelu``); the
+    others (tanh, identity) follow ``ops.linear``."""
+    w, b = weight(f"{name}.weight"), weight(f"{name}.bias")
+    if act in ACTIVATIONS:
+        return ops.linear_gelu(x, w, b, act, backend=backend)
+    return activation(ops.linear(x, w, b, backend=backend), act)
 
 
-def masked_lm(cfg: EncoderConfig, w, tokens: torch.Tensor) -> torch.Tensor:
-    """Vocabulary logits for ``tokens`` ``[T, H]`` -> ``[T, V]``."""
-    act = cfg.hidden_act
-    if cfg.family == "roberta" or cfg.family == "electra":
-        act = "gelu"  # RobertaLMHead and ElectraGeneratorPredictions hard-code exact GELU
-    x = activation(_linear(w, "mlm.dense", tokens), act)
-    x = F.layer_norm(x, (x.shape[-1],), w["mlm.ln.weight"], w["mlm.ln.bias"], cfg.layer_norm_eps)
-    return _linear(w, "mlm.decoder", x)
+def pool(weight: Weights, first: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """The pooler: ``tanh(dense(first))`` on ``[B, H]`` first-token states."""
+    return dense(weight, "pooler", first, "tanh", backend)
 
 
-def sequence_logits(cfg: EncoderConfig, w, first: torch.Tensor,
-                    pooled: Optional[torch.Tensor]) -> torch.Tensor:
-    """Sequence classification (and multiple-choice scoring) from the first token."""
-    fam = cfg.family
-    if fam in ("bert", "albert"):
-        return _linear(w, "classifier.out", pooled)
-    if fam == "roberta":
-        return _linear(w, "classifier.out", torch.tanh(_linear(w, "classifier.dense", first)))
-    if fam == "electra":
-        return _linear(w, "classifier.out", F.gelu(_linear(w, "classifier.dense", first)))
-    return _linear(w, "classifier.out", F.relu(_linear(w, "classifier.dense", first)))
+class HeadInput:
+    """What a head reads: the encoder's packed output and the means to lay it out.
+
+    ``tokens`` ``[T, H]`` is the last hidden state of the real tokens (packed);
+    ``unpack`` scatters a ``[T, ...]`` tensor back to ``[B, S, ...]`` with zeros at
+    padded positions; ``first`` (each row's first real token) and ``pooled`` (the
+    pooler over it, None without pooler weights) are computed on first use.
+    """
+
+    def __init__(self, tokens: torch.Tensor, info: PackInfo, weight: Weights,
+                 unpack: Callable[[torch.Tensor], torch.Tensor], backend: str = "auto",
+                 num_choices: Optional[int] = None):
+        self.tokens = tokens
+        self.info = info
+        self.weight = weight
+        self.unpack = unpack
+        self.backend = backend
+        self.num_choices = num_choices
+        # Computed on first use. (Not functools.cached_property: before Python 3.12 it
+        # takes a lock, which torch.compile cannot trace.)
+        self._cache = {}
+
+    def _once(self, name: str, compute):
+        if name not in self._cache:
+            self._cache[name] = compute()
+        return self._cache[name]
+
+    @property
+    def empty_rows(self) -> torch.Tensor:
+        """``[B, 1]`` bool: rows whose attention mask has no real token."""
+        return self._once("empty_rows", lambda: (self.info.lengths == 0)[:, None])
+
+    @property
+    def first(self) -> torch.Tensor:
+        return self._once("first", lambda: first_tokens(self.tokens, self.info))
+
+    @property
+    def pooled(self) -> Optional[torch.Tensor]:
+        def compute():
+            if self.weight("pooler.weight") is None:
+                return None
+            return pool(self.weight, self.first, self.backend).masked_fill(self.empty_rows, 0)
+        return self._once("pooled", compute)
+
+    def dense(self, name: str, x: torch.Tensor, act: Optional[str] = None) -> torch.Tensor:
+        return dense(self.weight, name, x, act, self.backend)
 
 
-def multiple_choice_scores(cfg: EncoderConfig, w, first: torch.Tensor,
-                           pooled: Optional[torch.Tensor]) -> torch.Tensor:
-    """One score per row ``[B*C, 1]``."""
-    fam = cfg.family
-    if fam in _POOLER_FAMILIES:
-        return _linear(w, "classifier.out", pooled)
-    if fam == "electra":
-        x = first
-        if cfg.summary_use_proj:
-            x = _linear(w, "classifier.dense", x)
-        return _linear(w, "classifier.out", activation(x, cfg.summary_activation))
-    return _linear(w, "classifier.out", F.relu(_linear(w, "classifier.dense", first)))
+class Head(nn.Module):
+    """A task head: reads a :class:`HeadInput`, writes its fields into an
+    :class:`~bertfast.outputs.EncoderOutput`. Heads hold no weights (the model
+    does, under canonical names); they run on bertfast's ops.
+
+    This class is the ``base`` head: hidden states, plus the pooler output when
+    the checkpoint has a pooler. ``reads_first``: the head reads each row's first
+    real token, and reports ``pooler_output`` when there is one.
+    """
+
+    name = "base"
+    reads_first = True
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.cfg = cfg
+
+    def extra_repr(self) -> str:
+        return f"{self.name!r}, family={self.cfg.family}"
+
+    def flatten_inputs(self, input_ids, attention_mask, token_type_ids, position_ids):
+        """Inputs as the encoder takes them (``[B, S]``), and the number of choices
+        per example (None but for multiple choice)."""
+        return input_ids, attention_mask, token_type_ids, position_ids, None
+
+    def forward(self, inp: HeadInput, out: EncoderOutput) -> EncoderOutput:
+        if self.reads_first:
+            out.pooler_output = inp.pooled
+        self.run(inp, out)
+        return out
+
+    def run(self, inp: HeadInput, out: EncoderOutput) -> None:
+        """The head's own fields (none for ``base`` and ``pooler``)."""
 
 
-def discriminator(cfg: EncoderConfig, w, tokens: torch.Tensor) -> torch.Tensor:
-    x = activation(_linear(w, "discriminator.dense", tokens), cfg.hidden_act)
-    return _linear(w, "discriminator.out", x).squeeze(-1)
+class PoolerHead(Head):
+    name = "pooler"
+
+
+class MaskedLMHead(Head):
+    """Vocabulary logits per real token: dense + activation, LayerNorm, decoder (the
+    largest GEMM of the head, ``[V, W]``, through ``ops.linear``)."""
+
+    name = "masked_lm"
+    reads_first = False
+
+    def __init__(self, cfg: EncoderConfig, field: str = "logits"):
+        super().__init__(cfg)
+        self.field = field
+        # RobertaLMHead and ElectraGeneratorPredictions hard-code exact GELU
+        self.act = "gelu" if cfg.family in ("roberta", "electra") else cfg.hidden_act
+
+    def run(self, inp, out):
+        x = inp.dense("mlm.dense", inp.tokens, self.act)
+        # A plain LayerNorm (no residual to fuse): torch's.
+        x = F.layer_norm(x, (x.shape[-1],), inp.weight("mlm.ln.weight"),
+                         inp.weight("mlm.ln.bias"), self.cfg.layer_norm_eps)
+        setattr(out, self.field, inp.unpack(inp.dense("mlm.decoder", x)))
+
+
+class SentencePairHead(Head):
+    """BERT's next-sentence or ALBERT's sentence-order head: one linear layer on
+    the pooler output."""
+
+    def __init__(self, cfg: EncoderConfig, field: str = "logits"):
+        super().__init__(cfg)
+        self.name = "next_sentence" if cfg.family == "bert" else "sentence_order"
+        self.prefix = "nsp" if cfg.family == "bert" else "sop"
+        self.field = field
+
+    def run(self, inp, out):
+        logits = inp.dense(self.prefix, inp.pooled)
+        setattr(out, self.field, logits.masked_fill(inp.empty_rows, 0))
+
+
+class PretrainingHead(Head):
+    """Masked LM + next-sentence (BERT) or sentence-order (ALBERT)."""
+
+    name = "pretraining"
+
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__(cfg)
+        self.mlm = MaskedLMHead(cfg, "prediction_logits")
+        self.pair = SentencePairHead(
+            cfg, "seq_relationship_logits" if cfg.family == "bert" else "sop_logits")
+
+    def run(self, inp, out):
+        self.mlm.run(inp, out)
+        self.pair.run(inp, out)
+
+
+#: activation between ``classifier.dense`` and ``classifier.out`` of the families
+#: whose sequence classifier reads the first token rather than the pooler
+_CLASSIFIER_ACT = {"roberta": "tanh", "electra": "gelu", "distilbert": "relu"}
+
+
+class SequenceClassificationHead(Head):
+    name = "sequence_classification"
+
+    def scores(self, inp: HeadInput) -> torch.Tensor:
+        fam = self.cfg.family
+        if fam in ("bert", "albert"):
+            return inp.dense("classifier.out", inp.pooled)
+        x = inp.dense("classifier.dense", inp.first, _CLASSIFIER_ACT[fam])
+        return inp.dense("classifier.out", x)
+
+    def run(self, inp, out):
+        out.logits = self.scores(inp).masked_fill(inp.empty_rows, 0)
+
+
+class MultipleChoiceHead(Head):
+    """Inputs ``[B, C, S]`` run as ``B*C`` rows; one score per row -> ``[B, C]``."""
+
+    name = "multiple_choice"
+
+    def flatten_inputs(self, input_ids, attention_mask, token_type_ids, position_ids):
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 3:
+            raise ValueError("the multiple_choice head takes input_ids of shape "
+                             "[batch, num_choices, seq_len], got "
+                             f"{tuple(getattr(input_ids, 'shape', ()))}")
+        B, C, S = input_ids.shape
+
+        def flat(t, name):
+            if t is None:
+                return None
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() == 3:
+                if tuple(t.shape) != (B, C, S):
+                    raise ValueError(f"{name} has shape {tuple(t.shape)}, expected "
+                                     f"{(B, C, S)} (the shape of input_ids)")
+                return t.reshape(B * C, S)
+            return t  # the encoder's [B, S] checks report the shape error
+
+        return (input_ids.reshape(B * C, S), flat(attention_mask, "attention_mask"),
+                flat(token_type_ids, "token_type_ids"), flat(position_ids, "position_ids"), C)
+
+    def scores(self, inp: HeadInput) -> torch.Tensor:
+        cfg = self.cfg
+        fam = cfg.family
+        if fam in _POOLER_FAMILIES:
+            return inp.dense("classifier.out", inp.pooled)
+        if fam == "electra":  # sequence summary: optional projection, then its activation
+            x = inp.first
+            if cfg.summary_use_proj:
+                x = inp.dense("classifier.dense", x, cfg.summary_activation)
+            else:
+                x = activation(x, cfg.summary_activation)
+            return inp.dense("classifier.out", x)
+        return inp.dense("classifier.out", inp.dense("classifier.dense", inp.first, "relu"))
+
+    def run(self, inp, out):
+        scores = self.scores(inp).masked_fill(inp.empty_rows, 0)
+        out.logits = scores.view(-1, inp.num_choices)
+
+
+class TokenClassificationHead(Head):
+    name = "token_classification"
+    reads_first = False
+
+    def run(self, inp, out):
+        out.logits = inp.unpack(inp.dense("classifier.out", inp.tokens))
+
+
+class QuestionAnsweringHead(Head):
+    name = "question_answering"
+    reads_first = False
+
+    def run(self, inp, out):
+        qa = inp.unpack(inp.dense("qa", inp.tokens))
+        out.start_logits = qa[..., 0].contiguous()
+        out.end_logits = qa[..., -1].contiguous()
+
+
+class DiscriminatorHead(Head):
+    """ELECTRA's replaced-token discriminator: one logit per token."""
+
+    name = "electra_discriminator"
+    reads_first = False
+
+    def run(self, inp, out):
+        x = inp.dense("discriminator.dense", inp.tokens, self.cfg.hidden_act)
+        out.logits = inp.unpack(inp.dense("discriminator.out", x).squeeze(-1))
+
+
+_HEAD_CLASSES = {
+    "base": Head,
+    "pooler": PoolerHead,
+    "masked_lm": MaskedLMHead,
+    "next_sentence": SentencePairHead,
+    "sentence_order": SentencePairHead,
+    "pretraining": PretrainingHead,
+    "sequence_classification": SequenceClassificationHead,
+    "token_classification": TokenClassificationHead,
+    "question_answering": QuestionAnsweringHead,
+    "multiple_choice": MultipleChoiceHead,
+    "electra_discriminator": DiscriminatorHead,
+}
+
+
+def build_head(cfg: EncoderConfig, head: str) -> Head:
+    """The head module for a head name that :func:`resolve_head` returned."""
+    try:
+        cls = _HEAD_CLASSES[head]
+    except KeyError:
+        raise ValueError(f"unknown head {head!r}; choose one of {', '.join(HEADS)}") from None
+    return cls(cfg)

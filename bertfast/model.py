@@ -8,8 +8,8 @@ Forward pass (``H`` hidden, ``T`` real tokens of the batch):
 1. validate the inputs (ids, shapes, dtypes, devices, ranges) before any kernel;
 2. position ids in the padded layout, as the family does (BERT-style ``arange``;
    RoBERTa ``cumsum(ids != pad) * (ids != pad) + pad``), unless given;
-3. ``info = ops.pack_info(attention_mask)``; ids, positions and token types are
-   gathered to ``[T]`` with ``ops.pack_tokens``;
+3. ``info = ops.pack_info_from_counts(...)`` (``ops.pack_info`` while compiling);
+   ids, positions and token types are gathered to ``[T]`` with ``ops.pack_tokens``;
 4. ``ops.embed_layernorm`` on the packed tokens, then the ALBERT/ELECTRA projection;
 5. per layer: ``qkv = ops.linear(h, Wqkv, bqkv)``, ``ops.attention_varlen``,
    ``ops.linear`` (output projection, bias folded into) ``ops.add_layernorm``,
@@ -18,24 +18,33 @@ Forward pass (``H`` hidden, ``T`` real tokens of the batch):
 6. heads on packed tokens / first real tokens; ``ops.unpack_tokens`` scatters
    ``[T, ...]`` back to ``[B, S, ...]`` only at the end.
 
+Host syncs: the value checks of step 1 and the packing counts of step 3 (real
+tokens, longest row) are read back to the host in one transfer; the ops after it
+are called with ``validate=False`` and nothing else in the forward pass waits for
+the device (``tests/test_host_syncs.py`` counts it). ``torch.compile(model,
+fullgraph=True)`` traces the whole forward as one graph (value checks are skipped
+while tracing; see ``ops/padding.py`` for the data-dependent token count).
+
 Padding: outputs at padded positions are zero. A row whose attention mask is all
 zeros has no real token: all its outputs (hidden states, pooler output, logits) are
 zero. Poolers and first-token heads read each row's first *real* token.
 """
 from __future__ import annotations
 
-import os
+import contextlib
+import re
 from typing import Dict, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import heads as H
 from . import ops
+from .ops import cpu_weights as _cpu_weights
 from .checkpoint import encoder_weight_specs, load_checkpoint
 from .config import EncoderConfig
 from .outputs import EncoderOutput
+from .validate import checkpoint_folder, load_options
 
 __all__ = ["BertfastModel", "from_pretrained"]
 
@@ -47,6 +56,8 @@ class _Holder(nn.Module):
 
 
 def _attach(root: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """Register ``tensor`` as the parameter ``name`` (creating holders on the way),
+    or replace the parameter already there."""
     *path, leaf = name.split(".")
     mod = root
     for part in path:
@@ -55,7 +66,16 @@ def _attach(root: nn.Module, name: str, tensor: torch.Tensor) -> None:
             child = _Holder()
             mod.add_module(part, child)
         mod = child
+    if isinstance(tensor, nn.Parameter):
+        tensor = tensor.data if not _cpu_weights.is_packed(tensor) else tensor
+    mod._parameters.pop(leaf, None)
     mod.register_parameter(leaf, nn.Parameter(tensor, requires_grad=False))
+
+
+#: Matrices that are not linear-layer weights (embedding tables, read by row).
+#: Every other 2-D weight (encoder and head dense layers) is read only by
+#: ops.linear / ops.linear_gelu: what an owned fp32 CPU model keeps packed.
+_TABLES = re.compile(r"^embeddings\.(word|position|token_type)$")
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
@@ -91,10 +111,15 @@ class BertfastModel(nn.Module):
     """
 
     def __init__(self, config: EncoderConfig, weights: Dict[str, torch.Tensor],
-                 head: str = "base", backend: str = "auto"):
+                 head: str = "base", backend: str = "auto", own_weights: bool = False):
+        """``own_weights=True`` (what ``from_pretrained`` passes): the tensors in
+        ``weights`` belong to this model alone, so on CPU in fp32, where the C++ GEMM
+        runs the linear layers, they are packed once and kept only packed (see
+        :meth:`refresh`). ``False`` (``optimize()``): they are the caller's and are
+        used as they are, never copied."""
         super().__init__()
         self.config = config
-        self.head = H.resolve_head(config, head)
+        self.head = H.resolve_head(config, head)  # its name (str)
         self.backend = backend
         required = encoder_weight_specs(config)
         required.update(H.head_weight_specs(config, self.head)[0])
@@ -107,8 +132,99 @@ class BertfastModel(nn.Module):
                                  f"{tuple(weights[name].shape)}, expected {tuple(shape)}")
         for name, tensor in weights.items():
             _attach(self, name, tensor)
+        # The head module, chosen once here; it holds no weights (it reads them by name).
+        self.task_head = H.build_head(config, self.head)
+        self._owns_weights = bool(own_weights)
         self._graphs = None
         self.eval()
+        if self._owns_weights:
+            self._pack_weights()
+
+    # ---------------------------------------------------------------- weights
+    def _packable(self):
+        """(name, tensor) of the linear-layer weights; a weight tied to an embedding
+        table (the MLM decoder, usually) stays plain with it."""
+        params = list(self.named_parameters(remove_duplicate=False))
+        tables = {p.untyped_storage().data_ptr() for n, p in params
+                  if _TABLES.match(n) and not _cpu_weights.is_packed(p)}
+        for name, p in params:
+            if p.dim() != 2 or _TABLES.match(name):
+                continue
+            if not _cpu_weights.is_packed(p) and p.untyped_storage().data_ptr() in tables:
+                continue
+            yield name, p
+
+    def _pack_weights(self) -> None:
+        if not _cpu_weights.can_pack(self.backend, self.device, self.dtype):
+            return
+        seen = {}
+        for name, p in list(self._packable()):
+            if _cpu_weights.is_packed(p) or p.device.type != "cpu" or p.dtype != torch.float32:
+                continue
+            key = (p.data_ptr(), tuple(p.shape), tuple(p.stride()))
+            if key not in seen:  # ALBERT-style shared tensors stay shared
+                seen[key] = _cpu_weights.PackedWeight.of(p)
+            _attach(self, name, seen[key])
+
+    def unpack_weights(self) -> "BertfastModel":
+        """Make every packed weight a plain, writable tensor again (still one copy)
+        and stop packing until :meth:`refresh`. Edit the weights in any way
+        (``.data[...] =``, ``copy_`` under ``no_grad``, NumPy views,
+        ``load_state_dict``), then call :meth:`refresh` for the packed speed; an
+        unpacked model computes with its weights as they are at every call."""
+        seen = {}
+        for name, p in list(self._packable()):
+            if _cpu_weights.is_packed(p):
+                if id(p._packed) not in seen:  # shared (ALBERT) weights stay shared
+                    seen[id(p._packed)] = p.dense()
+                _attach(self, name, seen[id(p._packed)])
+        return self
+
+    def refresh(self) -> "BertfastModel":
+        """Re-read the model's weights after editing them: packs the CPU fp32
+        linear weights again (a model ``from_pretrained`` loaded; see
+        :meth:`unpack_weights`) and drops captured CUDA graphs, which hold the
+        addresses of the tensors they were captured with (needed after a
+        parameter was replaced, e.g. ``p.data = other``)."""
+        if self._owns_weights:
+            self._pack_weights()
+        if self._graphs is not None:
+            from .graphs import GraphCache
+
+            self._graphs = GraphCache(self, capture=self._graphs.capture)
+        return self
+
+    @contextlib.contextmanager
+    def edit_weights(self):
+        """``with model.edit_weights(): ...``: :meth:`unpack_weights` on entry,
+        :meth:`refresh` on exit."""
+        self.unpack_weights()
+        try:
+            yield self
+        finally:
+            self.refresh()
+
+    def weight_nbytes(self) -> int:
+        """Bytes held by the model's tensors (parameters and buffers, shared storage
+        counted once; packed weights by their panels)."""
+        seen, total = set(), 0
+        for t in [p for _, p in self.named_parameters(remove_duplicate=False)] + list(self.buffers()):
+            packed = getattr(t, "_packed", None) if _cpu_weights.is_packed(t) else None
+            key = id(packed) if packed is not None else t.untyped_storage().data_ptr()
+            if key not in seen:
+                seen.add(key)
+                total += _cpu_weights.tensor_bytes(t)
+        return total
+
+    def _apply(self, fn, recurse=True):
+        # .to() / .half() / .cuda(): convert plain tensors; an owned model packs
+        # again when it (still, or again) runs on the C++ GEMM.
+        if any(_cpu_weights.is_packed(p) for _, p in self._packable()):
+            self.unpack_weights()
+        out = super()._apply(fn, recurse)
+        if getattr(self, "_owns_weights", False):
+            self._pack_weights()
+        return out
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -128,15 +244,6 @@ class BertfastModel(nn.Module):
                 return None
         return mod._parameters.get(leaf)
 
-    def _group(self, prefix: str) -> Dict[str, torch.Tensor]:
-        """Canonical name -> tensor for every weight under ``prefix``."""
-        mod = self
-        for part in prefix.split("."):
-            mod = mod._modules.get(part)
-            if mod is None:
-                return {}
-        return dict(mod.named_parameters(prefix=prefix, remove_duplicate=False))
-
     @property
     def has_pooler(self) -> bool:
         return self._w("pooler.weight") is not None
@@ -147,7 +254,8 @@ class BertfastModel(nn.Module):
                 f"hidden={c.hidden_size}, heads={c.num_heads}, backend={self.backend!r}")
 
     # ------------------------------------------------------------ validation
-    def _check_ids(self, name: str, t, shape, limit: Optional[int], what: str):
+    def _check_ids(self, name: str, t, shape):
+        """Type, dtype, shape and device of an integer id tensor (no device read)."""
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in _INT_DTYPES:
@@ -158,13 +266,26 @@ class BertfastModel(nn.Module):
         if not _same_device(t.device, self.device):
             raise ValueError(f"{name} is on {t.device} but the model is on {self.device}; "
                              f"move the inputs with .to({str(self.device)!r})")
-        if limit is not None and t.numel():
-            lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one device sync
-            if lo < 0 or hi >= limit:
-                bad = lo if lo < 0 else hi
-                raise IndexError(f"{name} contains {bad}, outside [0, {limit}) ({what})")
 
     def _prepare(self, input_ids, attention_mask, token_type_ids, position_ids):
+        """Validated ``(attention_mask, token_type_ids, position_ids)`` (see
+        ``_prepare_counted``)."""
+        return self._prepare_counted(input_ids, attention_mask, token_type_ids,
+                                     position_ids)[:3]
+
+    def _prepare_counted(self, input_ids, attention_mask, token_type_ids, position_ids):
+        """Validate the inputs and fill in the defaults; returns ``(mask, token types or
+        None, positions, counts)``.
+
+        Metadata (types, shapes, devices) is checked first. The value checks (id
+        ranges, the RoBERTa position limit, all-zero token types for families without
+        them) and the packing counts (real tokens, longest row) are then read back to
+        the host together: *one* device-to-host transfer per forward, after which no
+        op of the forward pass reads device memory on the host. ``counts`` is
+        ``(keep, lengths, total, max_seqlen)`` for ``ops.pack_info_from_counts``, or
+        None while compiling (value checks need the values, so they are skipped when
+        tracing; the kernels are bounds-safe regardless).
+        """
         cfg = self.config
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
@@ -174,7 +295,7 @@ class BertfastModel(nn.Module):
         B, S = input_ids.shape
         if B == 0 or S == 0:
             raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
-        self._check_ids("input_ids", input_ids, None, cfg.vocab_size, "vocabulary size")
+        self._check_ids("input_ids", input_ids, None)
 
         if attention_mask is None:
             attention_mask = torch.ones(B, S, dtype=torch.int32, device=input_ids.device)
@@ -191,15 +312,28 @@ class BertfastModel(nn.Module):
             if attention_mask.is_complex():
                 raise TypeError("attention_mask must be a real (bool/int/float) tensor")
 
+        # Value checks, as (tensors to read, check of the values read); run at the end.
+        pending = []
+
+        def in_range(name, t, limit, what):
+            def check(lo, hi):
+                if lo < 0 or hi >= limit:
+                    bad = lo if lo < 0 else hi
+                    raise IndexError(f"{name} contains {bad}, outside [0, {limit}) ({what})")
+            pending.append((torch.aminmax(t), check))
+
+        in_range("input_ids", input_ids, cfg.vocab_size, "vocabulary size")
         if token_type_ids is not None:
+            self._check_ids("token_type_ids", token_type_ids, (B, S))
             if cfg.has_token_types:
-                self._check_ids("token_type_ids", token_type_ids, (B, S), cfg.type_vocab_size,
-                                "type_vocab_size")
+                in_range("token_type_ids", token_type_ids, cfg.type_vocab_size,
+                         "type_vocab_size")
             else:
-                self._check_ids("token_type_ids", token_type_ids, (B, S), None, "")
-                if bool((token_type_ids != 0).any()):
-                    raise ValueError(f"{cfg.model_type} has no token type embeddings: "
-                                     f"token_type_ids must be omitted or all zero")
+                def all_zero(nonzero):
+                    if nonzero:
+                        raise ValueError(f"{cfg.model_type} has no token type embeddings: "
+                                         f"token_type_ids must be omitted or all zero")
+                pending.append((((token_type_ids != 0).any(),), all_zero))
                 token_type_ids = None
         if cfg.has_token_types and token_type_ids is None:
             token_type_ids = torch.zeros(B, S, dtype=torch.long, device=input_ids.device)
@@ -209,33 +343,54 @@ class BertfastModel(nn.Module):
                 position_ids = position_ids.unsqueeze(0)
             if isinstance(position_ids, torch.Tensor) and tuple(position_ids.shape) == (1, S):
                 position_ids = position_ids.expand(B, S)
-            self._check_ids("position_ids", position_ids, (B, S), cfg.max_position_embeddings,
-                            "max_position_embeddings")
+            self._check_ids("position_ids", position_ids, (B, S))
+            in_range("position_ids", position_ids, cfg.max_position_embeddings,
+                     "max_position_embeddings")
         else:
+            def fits(top):
+                if top >= cfg.max_position_embeddings:
+                    raise ValueError(
+                        f"sequence of {S} tokens needs position id {top}, but "
+                        f"max_position_embeddings is {cfg.max_position_embeddings} "
+                        f"(at most {cfg.max_seq_len} tokens for {cfg.model_type})")
             if cfg.position_scheme == "roberta":
                 real = input_ids.ne(cfg.pad_token_id).long()
                 position_ids = torch.cumsum(real, 1) * real + cfg.pad_token_id
-                top = int(position_ids.max())
+                pending.append(((position_ids.max(),), fits))
             else:
                 position_ids = torch.arange(S, device=input_ids.device).expand(B, S)
-                top = S - 1
-            if top >= cfg.max_position_embeddings:
-                raise ValueError(
-                    f"sequence of {S} tokens needs position id {top}, but "
-                    f"max_position_embeddings is {cfg.max_position_embeddings} "
-                    f"(at most {cfg.max_seq_len} tokens for {cfg.model_type})")
-        return attention_mask, token_type_ids, position_ids
+                fits(S - 1)
+
+        keep, lengths = ops.padding.mask_lengths(attention_mask)
+        if torch.compiler.is_compiling():
+            return attention_mask, token_type_ids, position_ids, None
+        # The one device -> host read of the forward pass.
+        scalars = [t for tensors, _ in pending for t in tensors]
+        scalars += [lengths.sum(), lengths.max()]
+        values = torch.stack([t.to(torch.int64) for t in scalars]).tolist()
+        at = 0
+        for tensors, check in pending:
+            check(*values[at:at + len(tensors)])
+            at += len(tensors)
+        total, longest = values[at:]
+        return attention_mask, token_type_ids, position_ids, (keep, lengths, total, longest)
 
     # ------------------------------------------------------------------- pack
+    def _pack_info(self, mask: torch.Tensor, counts):
+        if counts is None:  # compiling: the traced pack_info (no value known here)
+            return ops.pack_info(mask)
+        return ops.pack_info_from_counts(mask, *counts)
+
     def _pack(self, x: torch.Tensor, info) -> torch.Tensor:
         """Gather the real tokens of an integer ``[B, S]`` tensor -> ``[T]`` int64."""
         x = x.reshape(-1)
         if x.dtype != torch.int64:
             x = x.long()
-        return ops.pack_tokens(x, info.indices, backend=self.backend)
+        return ops.pack_tokens(x, info.indices, backend=self.backend, validate=False)
 
     def _unpack(self, x: torch.Tensor, info) -> torch.Tensor:
-        out = ops.unpack_tokens(x, info.indices, info.batch * info.seqlen, backend=self.backend)
+        out = ops.unpack_tokens(x, info.indices, info.batch * info.seqlen, backend=self.backend,
+                                validate=False)
         return out.view(info.batch, info.seqlen, *x.shape[1:])
 
     # ---------------------------------------------------------------- encoder
@@ -245,7 +400,7 @@ class BertfastModel(nn.Module):
         h = ops.embed_layernorm(ids, pos, types, emb.word, emb.position,
                                 getattr(emb, "token_type", None) if types is not None else None,
                                 emb.ln.weight, emb.ln.bias, cfg.layer_norm_eps,
-                                backend=self.backend)
+                                backend=self.backend, validate=False)
         if cfg.has_projection:
             h = ops.linear(h, emb.project.weight, emb.project.bias, backend=self.backend)
         return h
@@ -275,18 +430,25 @@ class BertfastModel(nn.Module):
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                output_hidden_states: bool = False):
         """Run the encoder padding-free; returns ``(packed last hidden [T,H], PackInfo,
-        list of packed hidden states or None)``."""
+        list of packed hidden states or None)``.
+
+        Host syncs: ``_prepare_counted`` reads the value checks and the packing counts
+        back once; every op after it runs with ``validate=False`` (its values were
+        checked there), so no layer syncs. Under ``torch.compile`` the whole function
+        traces as one graph (``ops.pack_info`` is a custom op with a data-dependent
+        size; ``max_seqlen`` is then the padded length)."""
         cfg = self.config
-        mask, types, pos = self._prepare(input_ids, attention_mask, token_type_ids, position_ids)
+        mask, types, pos, counts = self._prepare_counted(input_ids, attention_mask,
+                                                         token_type_ids, position_ids)
         graphs = self._graphs
-        if graphs is not None and not output_hidden_states:
+        if graphs is not None and not output_hidden_states and counts is not None:
             padded = graphs.run(input_ids, mask, types, pos)
             if padded is not None:
-                info = ops.pack_info(mask)
+                info = self._pack_info(mask, counts)
                 h = ops.pack_tokens(padded.reshape(-1, padded.shape[-1]), info.indices,
-                                    backend=self.backend)
+                                    backend=self.backend, validate=False)
                 return h, info, None
-        info = ops.pack_info(mask)
+        info = self._pack_info(mask, counts)
         ids_p = self._pack(input_ids, info)
         pos_p = self._pack(pos, info)
         types_p = self._pack(types, info) if types is not None else None
@@ -295,7 +457,8 @@ class BertfastModel(nn.Module):
         nh, scale = cfg.num_heads, cfg.head_dim ** -0.5
         cu, max_len, be = info.cu_seqlens, info.max_seqlen, self.backend
         h = self._layers(h, lambda qkv: ops.attention_varlen(qkv, cu, max_len, nh, scale,
-                                                             backend=be), states)
+                                                             backend=be, validate=False),
+                         states)
         return h, info, states
 
     def encode_static(self, input_ids, attention_mask, token_type_ids, position_ids):
@@ -327,14 +490,6 @@ class BertfastModel(nn.Module):
         self._graphs = GraphCache(self, capture=capture)
         return self
 
-    def _first_tokens(self, h: torch.Tensor, info) -> torch.Tensor:
-        """``[B, H]``: each row's first real token; zeros for rows with none."""
-        if h.shape[0] == 0:
-            return h.new_zeros(info.batch, h.shape[-1])
-        first = h.index_select(0, info.first_token)
-        empty = info.lengths == 0
-        return first.masked_fill(empty[:, None], 0)
-
     # ---------------------------------------------------------------- forward
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
                 output_hidden_states: bool = False) -> EncoderOutput:
@@ -344,89 +499,17 @@ class BertfastModel(nn.Module):
 
     def _forward(self, input_ids, attention_mask, token_type_ids, position_ids,
                  output_hidden_states):
-        head = self.head
-        choices = None
-        if head == "multiple_choice":
-            if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 3:
-                raise ValueError("the multiple_choice head takes input_ids of shape "
-                                 "[batch, num_choices, seq_len], got "
-                                 f"{tuple(getattr(input_ids, 'shape', ()))}")
-            Bc, choices, S = input_ids.shape
-
-            def flat(t, name):
-                if t is None:
-                    return None
-                if not isinstance(t, torch.Tensor):
-                    raise TypeError(f"{name} must be a torch.Tensor")
-                if t.dim() == 3:
-                    if tuple(t.shape) != (Bc, choices, S):
-                        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected "
-                                         f"{(Bc, choices, S)} (the shape of input_ids)")
-                    return t.reshape(Bc * choices, S)
-                return t  # let the 2-D checks report the shape error
-
-            input_ids = input_ids.reshape(Bc * choices, S)
-            attention_mask = flat(attention_mask, "attention_mask")
-            token_type_ids = flat(token_type_ids, "token_type_ids")
-            position_ids = flat(position_ids, "position_ids")
-
+        head = self.task_head
+        input_ids, attention_mask, token_type_ids, position_ids, choices = head.flatten_inputs(
+            input_ids, attention_mask, token_type_ids, position_ids)
         h, info, states = self.encode(input_ids, attention_mask, token_type_ids, position_ids,
                                       output_hidden_states)
-        cfg = self.config
         out = EncoderOutput()
         out.last_hidden_state = self._unpack(h, info)
         if states is not None:
             out.hidden_states = tuple(self._unpack(s, info) for s in states)
-
-        w = {}
-        first = None
-        pooled = None
-        need_first = head in ("base", "pooler", "next_sentence", "sentence_order", "pretraining",
-                              "sequence_classification", "multiple_choice")
-        if need_first:
-            first = self._first_tokens(h, info)
-        if first is not None and self.has_pooler:
-            w.update(self._group("pooler"))
-            pooled = H.pooler(w, first)
-            pooled = pooled.masked_fill((info.lengths == 0)[:, None], 0)
-            out.pooler_output = pooled
-        empty_rows = (info.lengths == 0)[:, None]
-
-        if head in ("masked_lm", "pretraining"):
-            w.update(self._group("mlm"))
-            scores = self._unpack(H.masked_lm(cfg, w, h), info)
-            if head == "masked_lm":
-                out.logits = scores
-            else:
-                out.prediction_logits = scores
-        if head in ("next_sentence", "pretraining", "sentence_order"):
-            # BERT's next-sentence head or ALBERT's sentence-order head: same math.
-            name, alone, field = (("nsp", "next_sentence", "seq_relationship_logits")
-                                  if cfg.family == "bert" else
-                                  ("sop", "sentence_order", "sop_logits"))
-            w.update(self._group(name))
-            rel = F.linear(pooled, w[f"{name}.weight"], w[f"{name}.bias"])
-            setattr(out, "logits" if head == alone else field, rel.masked_fill(empty_rows, 0))
-        if head == "sequence_classification":
-            w.update(self._group("classifier"))
-            out.logits = H.sequence_logits(cfg, w, first, pooled).masked_fill(empty_rows, 0)
-        elif head == "multiple_choice":
-            w.update(self._group("classifier"))
-            scores = H.multiple_choice_scores(cfg, w, first, pooled).masked_fill(empty_rows, 0)
-            out.logits = scores.view(-1, choices)
-        elif head == "token_classification":
-            w.update(self._group("classifier"))
-            out.logits = self._unpack(F.linear(h, w["classifier.out.weight"],
-                                               w["classifier.out.bias"]), info)
-        elif head == "question_answering":
-            w.update(self._group("qa"))
-            qa = self._unpack(F.linear(h, w["qa.weight"], w["qa.bias"]), info)
-            out.start_logits = qa[..., 0].contiguous()
-            out.end_logits = qa[..., -1].contiguous()
-        elif head == "electra_discriminator":
-            w.update(self._group("discriminator"))
-            out.logits = self._unpack(H.discriminator(cfg, w, h), info)
-        return out
+        return head(H.HeadInput(h, info, self._w, lambda t: self._unpack(t, info),
+                                self.backend, choices), out)
 
 
 def from_pretrained(path, device="cpu", dtype: torch.dtype = torch.float32,
@@ -439,16 +522,20 @@ def from_pretrained(path, device="cpu", dtype: torch.dtype = torch.float32,
     ``"torch"``, ``"cpu"``, ``"cuda"``, ``"triton"``). ``cuda_graphs`` (default: on
     for CUDA devices unless ``BERTFAST_CUDA_GRAPHS=0``) replays small batches through
     captured CUDA graphs (``graphs.py``); hidden states and larger batches run the
-    padding-free eager path. Raises ``FileNotFoundError``,
-    ``ValueError`` (``CheckpointError``) or ``TypeError`` with a message naming the
-    problem; nothing is half-loaded.
+    padding-free eager path.
+
+    Everything is checked before any weight is read: ``backend`` (and
+    ``BERTFAST_BACKEND``) x ``device`` x ``dtype`` (a backend that cannot run there is
+    a ``BackendError`` naming the ones that can; a CUDA device with none visible is a
+    ``ValueError``), then the folder. A bad checkpoint raises
+    :class:`~bertfast.validate.CheckpointError` (a missing folder or file is also a
+    ``FileNotFoundError``), a non-floating ``dtype`` a ``TypeError``; nothing is
+    half-loaded.
     """
-    if backend != "auto" and backend not in ops.BACKEND_NAMES:
-        raise ValueError(f"unknown backend {backend!r}; choose one of "
-                         f"{', '.join(('auto',) + ops.BACKEND_NAMES)}")
-    device = torch.device(device)
-    cfg, head, weights = load_checkpoint(os.fspath(path), head=head, dtype=dtype, device=device)
-    model = BertfastModel(cfg, weights, head=head, backend=backend)
+    device = load_options(device, dtype, backend)
+    folder = checkpoint_folder(path)
+    cfg, head, weights = load_checkpoint(folder, head=head, dtype=dtype, device=device)
+    model = BertfastModel(cfg, weights, head=head, backend=backend, own_weights=True)
     if cuda_graphs or (cuda_graphs is None and device.type == "cuda"):
         model.enable_cuda_graphs(cuda_graphs)
     return model

@@ -2,7 +2,7 @@
 
 - Without a GPU, Triton kernels run on CPU tensors through the interpreter; the
   variable must be set before any Triton kernel is defined, hence here.
-- fp32 comparisons run with TF32 off (DESIGN.md, numerics).
+- fp32 comparisons run with TF32 off (docs/design.md, numerics).
 - Tests marked ``gpu`` skip cleanly without a CUDA device.
 """
 import os

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
 import torch
 
 import bertfast
-from bertfast.checkpoint import (CheckpointError, canonical_name, convert,
-                                 encoder_weight_specs, load_checkpoint)
+from bertfast.checkpoint import (
+    CheckpointError,
+    canonical_name,
+    convert,
+    encoder_weight_specs,
+    load_checkpoint,
+)
 from bertfast.config import SUPPORTED_MODEL_TYPES, EncoderConfig
 from bertfast.heads import HEADS
-from tests.models import build, edit_config, rename_keys, save
+from tests.models import build, edit_config, save
 
 
 @pytest.fixture(scope="module")
@@ -441,3 +447,167 @@ def test_electra_summary_type_other_than_first(tmp_path):
                                        architectures=["ElectraForMultipleChoice"]))
     with pytest.raises(ValueError, match="summary_type='mean'"):
         resolve_head(cfg, None)
+
+
+# ---------------------------------------------------------- strict loading (issue 11)
+def _shard(tmp_path, name="sh"):
+    """A sharded BERT checkpoint: (folder, index path, weight_map)."""
+    d = save(build("bert", "base"), str(tmp_path / name), "sharded")
+    index = os.path.join(d, "model.safetensors.index.json")
+    with open(index) as f:
+        data = json.load(f)
+    return d, index, data
+
+
+def _rewrite_index(index, data, shard, new_name):
+    data["weight_map"] = {k: (new_name if v == shard else v)
+                          for k, v in data["weight_map"].items()}
+    with open(index, "w") as f:
+        json.dump(data, f)
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink"])
+def test_shard_paths_must_stay_inside_the_folder(tmp_path, how):
+    """The shard is real and readable outside the folder: it must still be refused."""
+    d, index, data = _shard(tmp_path)
+    shard = sorted(set(data["weight_map"].values()))[0]
+    outside = tmp_path / "outside.safetensors"
+    shutil.move(os.path.join(d, shard), outside)
+    if how == "dotdot":
+        name = "../outside.safetensors"
+    elif how == "absolute":
+        name = str(outside)
+    else:
+        name = "link.safetensors"
+        os.symlink(outside, os.path.join(d, name))
+    _rewrite_index(index, data, shard, name)
+    with pytest.raises(CheckpointError) as e:
+        bertfast.from_pretrained(d, backend="torch")
+    msg = str(e.value)
+    assert name in msg and "model.safetensors.index.json" in msg
+    assert {"dotdot": "leaves the checkpoint folder", "absolute": "absolute path",
+            "symlink": "outside the checkpoint folder"}[how] in msg
+
+
+def test_symlinks_inside_the_folder_and_hf_cache_snapshots_load(tmp_path):
+    """Symlinked shards inside the folder, and a Hugging Face cache snapshot whose
+    files link into the repo's blobs/, are not 'leaving the folder'."""
+    d, index, data = _shard(tmp_path)
+    want = bertfast.from_pretrained(d, backend="torch").embeddings.word.clone()
+    repo = tmp_path / "models--x--tiny"
+    blobs, snap = repo / "blobs", repo / "snapshots" / "abc123"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for i, name in enumerate(sorted(os.listdir(d))):
+        shutil.copy(os.path.join(d, name), blobs / f"blob{i}")
+        os.symlink(os.path.join("..", "..", "blobs", f"blob{i}"), snap / name)
+    got = bertfast.from_pretrained(str(snap), backend="torch")
+    assert torch.equal(got.embeddings.word, want)
+
+
+def test_weight_map_values_must_be_file_names(tmp_path):
+    d, index, data = _shard(tmp_path)
+    key = sorted(data["weight_map"])[0]
+    data["weight_map"][key] = 3
+    with open(index, "w") as f:
+        json.dump(data, f)
+    with pytest.raises(CheckpointError, match=rf"weight_map\['{re.escape(key)}'\].*got 3"):
+        bertfast.from_pretrained(d, backend="torch")
+
+
+def test_integer_weight_is_refused_by_name(folder):
+    key = "bert.encoder.layer.1.output.dense.bias"
+    _edit_weights(folder, lambda sd: sd.__setitem__(key, torch.ones(96, dtype=torch.int64)))
+    with pytest.raises(CheckpointError, match=rf"{re.escape(key)}.*torch\.int64"):
+        bertfast.from_pretrained(folder, backend="torch")
+
+
+def test_fewer_layers_in_config_than_in_the_weights(folder):
+    """config says 2 layers, the file holds 3: loading only 2 would be silently wrong."""
+    edit_config(folder, num_hidden_layers=2)
+    with pytest.raises(CheckpointError, match=r"3 layers.*num_hidden_layers=2"):
+        bertfast.from_pretrained(folder, backend="torch")
+
+
+def test_albert_groups_in_config_fewer_than_in_the_weights(tmp_path):
+    d = save(build("albert", "base"), str(tmp_path / "albert"))  # 2 groups x 2 layers
+    edit_config(d, num_hidden_groups=1)
+    with pytest.raises(CheckpointError, match=r"2 layer group.*num_hidden_groups=1"):
+        bertfast.from_pretrained(d, backend="torch")
+
+
+def test_token_type_weights_with_type_vocab_size_zero(folder):
+    edit_config(folder, type_vocab_size=0)
+    with pytest.raises(CheckpointError,
+                       match=r"type_vocab_size=0.*token_type_embeddings.*\(2, 96\)"):
+        bertfast.from_pretrained(folder, backend="torch")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("hidden_size", 96.5), ("hidden_size", "96x"), ("hidden_size", "96"),
+    ("num_attention_heads", 0), ("intermediate_size", -200), ("vocab_size", True),
+    ("num_hidden_layers", [3]), ("type_vocab_size", -1), ("max_position_embeddings", 0),
+    ("layer_norm_eps", 0), ("pad_token_id", -1),
+])
+def test_bad_config_sizes_name_field_and_value(folder, field, value):
+    edit_config(folder, **{field: value})
+    with pytest.raises(CheckpointError) as e:
+        bertfast.from_pretrained(folder, backend="torch")
+    msg = str(e.value)
+    assert field in msg and repr(value) in msg, msg
+
+
+def test_integral_float_sizes_are_accepted(folder):
+    edit_config(folder, hidden_size=96.0, num_hidden_layers=3.0)
+    cfg = bertfast.from_pretrained(folder, backend="torch").config
+    assert cfg.hidden_size == 96 and isinstance(cfg.hidden_size, int)
+
+
+def test_hidden_not_divisible_by_heads_names_both_fields(folder):
+    edit_config(folder, num_attention_heads=5)
+    with pytest.raises(CheckpointError, match="hidden_size 96.*num_attention_heads 5"):
+        bertfast.from_pretrained(folder, backend="torch")
+
+
+def test_unknown_model_type_or_architecture_lists_the_families(tmp_path):
+    d = _write_config(str(tmp_path / "gpt"), **dict(BERT_CFG, model_type="gpt2",
+                                                    architectures=["GPT2LMHeadModel"]))
+    with pytest.raises(CheckpointError) as e:
+        bertfast.from_pretrained(d)
+    msg = str(e.value)
+    assert "'gpt2'" in msg and "GPT2LMHeadModel" in msg
+    for family in ("BERT", "RoBERTa", "ALBERT", "ELECTRA", "DistilBERT"):
+        assert family in msg
+    cfg = {k: v for k, v in BERT_CFG.items() if k != "model_type"}
+    d = _write_config(str(tmp_path / "none"), **dict(cfg, architectures=["LlamaForCausalLM"]))
+    with pytest.raises(CheckpointError, match=r"no model_type.*LlamaForCausalLM.*DistilBERT"):
+        bertfast.from_pretrained(d)
+
+
+def test_one_checkpoint_error_class():
+    from bertfast import checkpoint, config, embedder, validate
+
+    assert (bertfast.CheckpointError is checkpoint.CheckpointError is embedder.CheckpointError
+            is config.CheckpointError is validate.CheckpointError)
+    assert issubclass(bertfast.CheckpointError, ValueError)
+
+
+def test_missing_folder_same_error_from_model_and_embedder(tmp_path):
+    from bertfast.embedder import Embedder
+
+    errors = []
+    for load in (bertfast.from_pretrained, Embedder.from_pretrained):
+        with pytest.raises(CheckpointError) as e:
+            load(str(tmp_path / "missing"))
+        assert isinstance(e.value, FileNotFoundError)
+        errors.append((type(e.value), str(e.value)))
+    assert errors[0] == errors[1]
+
+
+def test_hub_id_says_local_folders_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError) as e:
+        bertfast.from_pretrained("bert-base-uncased")
+    msg = str(e.value)
+    assert "local checkpoint folders only" in msg
+    assert "huggingface-cli download bert-base-uncased" in msg and "save_pretrained" in msg

@@ -11,9 +11,12 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from bertfast import cli
 from bertfast.embedder import Embedder, default_checkpoint
+
+HAS_CUDA = torch.cuda.is_available()
 
 SAMPLE = ["The weather is lovely today.", "", "Crème brûlée 🙂", "東京は日本の首都です。",
           "A longer line, with commas, numbers (3.14) and words, to make the batch ragged."]
@@ -183,3 +186,188 @@ def test_readme_demo_command_uses_existing_files():
     assert "bertfast encode --input examples/sample_sentences.txt" in command
     assert command.endswith("bertfast check")
     assert (root / "examples" / "sample_sentences.txt").is_file()
+
+
+# ------------------------------------------------- one clear line (issue 11)
+_WORDS = ["the", "cat", "sat", "on", "mat", "hello", "world", "dog", "run", "quick", "brown",
+          "fox", "lazy", "jump", "over", "a", "is", "and", "with", "words"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A random 2-layer sentence-transformers BERT (hidden 48) with a WordPiece vocab."""
+    import string
+
+    transformers = pytest.importorskip("transformers")
+    from tests.models import randomize
+
+    folder = tmp_path_factory.mktemp("tiny_st")
+    vocab = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list(string.ascii_lowercase)
+             + list(string.digits) + list(".,!?'-") + ["##" + c for c in string.ascii_lowercase]
+             + _WORDS)
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True,
+                                                               "model_max_length": 64}))
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=48,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=80, max_position_embeddings=64)
+    randomize(transformers.BertModel(config), seed=3).save_pretrained(folder)
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 48, "pooling_mode_mean_tokens": True}))
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize",
+         "type": "sentence_transformers.models.Normalize"}]))
+    return folder
+
+
+def _in_process(capsys):
+    def main(*args):
+        code = cli.main([str(a) for a in args])
+        captured = capsys.readouterr()
+        result = _Result(code, captured.err)
+        result.stdout = captured.out
+        return result
+    return main
+
+
+def assert_one_line(result, *words):
+    assert_user_error(result, *words)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the 'cuda' backend can run here")
+def test_backend_that_cannot_run_is_one_line(tiny, tmp_path, capsys):
+    main = _in_process(capsys)
+    texts = tmp_path / "t.txt"
+    texts.write_text("hello world\n", encoding="utf-8")
+    out = tmp_path / "o.npy"
+    assert_one_line(main("encode", tiny, "--input", texts, "--output", out, "--backend", "cuda"),
+                    "backend 'cuda' cannot run on cpu", "backends that can: auto")
+    assert_one_line(main("check", tiny, "--input", texts, "--backend", "cuda"),
+                    "backend 'cuda' cannot run on cpu")
+    for command in (["encode", tiny, "--input", texts, "--output", out],
+                    ["check", tiny, "--input", texts]):
+        with pytest.raises(SystemExit) as e:  # argparse: usage + one error line
+            main(*command, "--backend", "bogus")
+        assert e.value.code == 2
+        assert "invalid choice: 'bogus'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_bertfast_backend_env_is_one_line(tiny, tmp_path, capsys, monkeypatch):
+    main = _in_process(capsys)
+    monkeypatch.setenv("BERTFAST_BACKEND", "bogus")
+    texts = tmp_path / "t.txt"
+    texts.write_text("hello world\n", encoding="utf-8")
+    for command in (["encode", tiny, "--input", texts, "--output", tmp_path / "o.npy"],
+                    ["check", tiny, "--input", texts], ["bench", "--model", tiny]):
+        assert_one_line(main(*command), "BERTFAST_BACKEND='bogus' is not a backend")
+
+
+def test_backend_mistakes_in_a_real_process(tiny, tmp_path):
+    """As a user runs it: no Triton interpreter, a bad BERTFAST_BACKEND."""
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRITON_INTERPRET", "BERTFAST_BACKEND")}
+    texts = tmp_path / "t.txt"
+    texts.write_text("hello world\n", encoding="utf-8")
+    base = [sys.executable, "-m", "bertfast", "encode", str(tiny), "--input", str(texts),
+            "--output", str(tmp_path / "o.npy")]
+    result = subprocess.run(base + ["--backend", "triton"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert_one_line(result, "backend 'triton' cannot run on cpu")
+    result = subprocess.run(base, cwd=tmp_path, env=dict(env, BERTFAST_BACKEND="bogus"),
+                            capture_output=True, text=True, timeout=300)
+    assert_one_line(result, "BERTFAST_BACKEND='bogus'")
+
+
+def test_bench_argument_mistakes_are_one_line(tiny, capsys):
+    def bench(*args):
+        code = cli.main(["bench", *map(str, args)])
+        return _Result(code, capsys.readouterr().err)
+
+    def assert_bench_error(result, *words):
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("bertfast bench: error:"), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        for word in words:
+            assert word in result.stderr, result.stderr
+
+    if not HAS_CUDA:
+        assert_bench_error(bench("--device", "cuda", "--model", tiny), "no CUDA device is visible")
+    assert_bench_error(bench("--model", "/nope"), "/nope", "does not exist")
+    assert_bench_error(bench("--model", tiny, "--shapes", "8by8"), "'8by8'", "BxS")
+    assert_bench_error(bench("--model", tiny, "--shapes", "r8x64x32"), "mean length")
+    assert_bench_error(bench("--model", tiny, "--device", "cpu", "--backend", "cuda"),
+                       "backend 'cuda' cannot run on cpu")
+    with pytest.raises(SystemExit) as e:
+        bench("--backend", "bogus")
+    assert e.value.code == 2
+
+
+def test_hub_id_as_checkpoint(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    texts = tmp_path / "t.txt"
+    texts.write_text("hello\n", encoding="utf-8")
+    main = _in_process(capsys)
+    assert_one_line(main("encode", "bert-base-uncased", "--input", texts, "--output",
+                         tmp_path / "o.npy"),
+                    "local checkpoint folders only", "huggingface-cli download bert-base-uncased")
+
+
+def test_encoded_one_text_is_singular(tiny, tmp_path, capsys):
+    texts = tmp_path / "one.txt"
+    texts.write_text("hello world\n", encoding="utf-8")
+    result = _in_process(capsys)("encode", tiny, "--input", texts, "--output",
+                                 tmp_path / "o.npy", "--backend", "torch")
+    assert result.returncode == 0, result.stderr
+    assert "encoded 1 text with" in result.stdout, result.stdout
+
+
+def test_check_large_input_is_batched_with_progress(tiny, tmp_path, capsys, monkeypatch):
+    """A few hundred lines: transformers runs in length-sorted batches, not one padded
+    batch; results are matched back to their lines (the sentence-embedding row compares
+    line by line); a progress bar goes to stderr."""
+    import random
+
+    import transformers
+
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 40)))
+             for _ in range(300)]
+    source = tmp_path / "many.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    seen = []
+    original = transformers.AutoModel.from_pretrained
+
+    def spy(*args, **kwargs):
+        result = original(*args, **kwargs)
+        model = result[0] if isinstance(result, tuple) else result
+        forward = model.forward
+
+        def recording(*a, **k):
+            ids = k.get("input_ids", a[0] if a else None)
+            seen.append(tuple(ids.shape))
+            return forward(*a, **k)
+
+        model.forward = recording
+        return result
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", spy)
+    code = cli.main(["check", str(tiny), "--input", str(source), "--backend", "torch"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    assert captured.out.strip().splitlines()[-1].startswith("PASS"), captured.out
+    assert any(line.strip().startswith("sentence embedding") and "PASS" in line
+               for line in captured.out.splitlines()), captured.out
+    assert seen and max(b for b, _ in seen) <= 32, seen
+    assert sum(b for b, _ in seen) >= len(lines)
+    # sorted by length: batches pad little (the longest row of each batch first)
+    assert seen[0][1] >= seen[-1][1]
+    assert "300/300" in captured.err and "checking" in captured.err

@@ -253,7 +253,7 @@ def test_tied_mlm_decoder_shares_memory(zoo, family):
 
 def test_dtype_is_honoured(zoo):
     """dtype= casts the weights on load; outputs come in that dtype. (float64 is held
-    to the fp32 tolerance: attention accumulates in fp32 by design, DESIGN.md.)"""
+    to the fp32 tolerance: attention accumulates in fp32 by design, docs/design.md.)"""
     hf, folder = zoo("roberta", "sequence_classification")
     model = bertfast.from_pretrained(folder, backend="torch", dtype=torch.float64)
     assert model.dtype == torch.float64

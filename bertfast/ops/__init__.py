@@ -30,6 +30,15 @@ position_embeddings[P,E], token_type_embeddings?[Tt,E], weight[E], bias[E], eps)
     tensors, e.g. token ids, always take the reference gather/scatter).
 
 Every entry point takes ``backend="auto"``; see ``dispatch.py`` for how it chooses.
+
+Validation: every call checks its arguments (``checks.py``). The ops whose checks
+read tensor values back to the host (id ranges of ``embed_layernorm``,
+``pack_tokens``, ``unpack_tokens``; ``cu_seqlens`` of ``attention_varlen``) also
+take ``validate=True``; ``validate=False`` skips those value checks (shapes,
+dtypes and devices are still checked) for a caller that has checked the values
+itself. The model does so: it validates its inputs once per forward with a single
+device-to-host read, and its internal op calls pass ``validate=False``, so the
+forward pass does not sync per layer.
 """
 from __future__ import annotations
 
@@ -40,7 +49,7 @@ from torch import Tensor
 
 from . import checks, dispatch, reference
 from .dispatch import BACKEND_NAMES, BackendError, backend_status
-from .padding import PackInfo, pack_info
+from .padding import PackInfo, pack_info, pack_info_from_counts
 
 __all__ = [
     "embed_layernorm",
@@ -55,6 +64,7 @@ __all__ = [
     "unpack_tokens",
     "PackInfo",
     "pack_info",
+    "pack_info_from_counts",
     "BackendError",
     "BACKEND_NAMES",
     "backend_status",
@@ -63,6 +73,20 @@ __all__ = [
 
 def _run(op: str, backend: str, like: Tensor, *args):
     return dispatch.call(op, backend, like.device.type, like.dtype, *args)
+
+
+def _check(check, validate: bool, *args) -> None:
+    """Run ``check(*args)``; with ``validate=False`` its value checks are skipped."""
+    if validate:
+        check(*args)
+    else:
+        with checks.values_checked():
+            check(*args)
+
+
+def _int(n):
+    """``int(n)``, leaving a symbolic size (torch.compile) symbolic."""
+    return n if isinstance(n, torch.SymInt) else int(n)
 
 
 def _eager(x: Tensor) -> bool:
@@ -98,8 +122,8 @@ class _op:
         return fake
 
     def run(self, *args):
-        if _eager(args[0]):
-            return self.impl(*args)
+        if _eager(args[0]) or not isinstance(args[0], Tensor):
+            return self.impl(*args)  # a non-tensor input: its check raises a clear TypeError
         return self.op(*args)
 
 
@@ -123,10 +147,11 @@ def _embed_layernorm(
     bias: Tensor,
     eps: float,
     backend: str,
+    validate: bool = True,
 ) -> Tensor:
     args = (input_ids, position_ids, token_type_ids, word_embeddings, position_embeddings,
             token_type_embeddings, weight, bias, eps)
-    checks.embed_layernorm(*args)
+    _check(checks.embed_layernorm, validate, *args)
     return _run("embed_layernorm", backend, word_embeddings, *args)
 
 
@@ -137,10 +162,11 @@ def _(input_ids, position_ids, token_type_ids, word_embeddings, *rest):
 
 def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
                     position_embeddings, token_type_embeddings, weight, bias,
-                    eps: float = 1e-12, backend: str = "auto") -> Tensor:
+                    eps: float = 1e-12, backend: str = "auto", *,
+                    validate: bool = True) -> Tensor:
     return _embed_layernorm.run(input_ids, position_ids, token_type_ids, word_embeddings,
-                            position_embeddings, token_type_embeddings, weight, bias,
-                            float(eps), backend)
+                                position_embeddings, token_type_embeddings, weight, bias,
+                                float(eps), backend, bool(validate))
 
 
 # ---------------------------------------------------------------- add_layernorm
@@ -242,15 +268,14 @@ def _(qkv, *rest):
 
 def attention(qkv, attention_mask=None, num_heads: int = 1, scale: Optional[float] = None,
               backend: str = "auto") -> Tensor:
-    if scale is None:
-        scale = (qkv.shape[-1] // 3 // num_heads) ** -0.5
-    return _attention.run(qkv, attention_mask, int(num_heads), float(scale), backend)
+    num_heads, scale = checks.attention_args("attention", qkv, num_heads, scale)
+    return _attention.run(qkv, attention_mask, num_heads, scale, backend)
 
 
 @_op("attention_varlen", ())
 def _attention_varlen(qkv: Tensor, cu_seqlens: Tensor, max_seqlen: int, num_heads: int,
-                      scale: float, backend: str) -> Tensor:
-    checks.attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale)
+                      scale: float, backend: str, validate: bool = True) -> Tensor:
+    _check(checks.attention_varlen, validate, qkv, cu_seqlens, max_seqlen, num_heads, scale)
     return _run("attention_varlen", backend, qkv, qkv, cu_seqlens, max_seqlen, num_heads, scale)
 
 
@@ -260,43 +285,47 @@ def _(qkv, *rest):
 
 
 def attention_varlen(qkv, cu_seqlens, max_seqlen: int, num_heads: int,
-                     scale: Optional[float] = None, backend: str = "auto") -> Tensor:
-    if scale is None:
-        scale = (qkv.shape[-1] // 3 // num_heads) ** -0.5
-    return _attention_varlen.run(qkv, cu_seqlens, int(max_seqlen), int(num_heads), float(scale),
-                             backend)
+                     scale: Optional[float] = None, backend: str = "auto", *,
+                     validate: bool = True) -> Tensor:
+    """``max_seqlen`` may exceed the longest sequence (it is an upper bound, e.g. the
+    padded length); it must not be smaller."""
+    num_heads, scale = checks.attention_args("attention_varlen", qkv, num_heads, scale)
+    return _attention_varlen.run(qkv, cu_seqlens, _int(max_seqlen), num_heads, scale, backend,
+                                 bool(validate))
 
 
 # ---------------------------------------------------------------- pack / unpack
 @_op("pack_tokens", ())
-def _pack_tokens(x: Tensor, indices: Tensor, backend: str) -> Tensor:
-    checks.pack_tokens(x, indices)
+def _pack_tokens(x: Tensor, indices: Tensor, backend: str, validate: bool = True) -> Tensor:
+    _check(checks.pack_tokens, validate, x, indices)
     if not x.is_floating_point():  # integer rows (token ids): a plain gather, every backend
         return reference.pack_tokens(x, indices)
     return _run("pack_tokens", backend, x, x, indices)
 
 
 @_pack_tokens.register_fake
-def _(x, indices, backend):
+def _(x, indices, backend, validate=True):
     return x.new_empty((indices.shape[0],) + tuple(x.shape[1:]))
 
 
-def pack_tokens(x, indices, backend: str = "auto") -> Tensor:
-    return _pack_tokens.run(x, indices, backend)
+def pack_tokens(x, indices, backend: str = "auto", *, validate: bool = True) -> Tensor:
+    return _pack_tokens.run(x, indices, backend, bool(validate))
 
 
 @_op("unpack_tokens", ())
-def _unpack_tokens(x: Tensor, indices: Tensor, num_rows: int, backend: str) -> Tensor:
-    checks.unpack_tokens(x, indices, num_rows)
+def _unpack_tokens(x: Tensor, indices: Tensor, num_rows: int, backend: str,
+                   validate: bool = True) -> Tensor:
+    _check(checks.unpack_tokens, validate, x, indices, num_rows)
     if not x.is_floating_point():
         return reference.unpack_tokens(x, indices, num_rows)
     return _run("unpack_tokens", backend, x, x, indices, num_rows)
 
 
 @_unpack_tokens.register_fake
-def _(x, indices, num_rows, backend):
+def _(x, indices, num_rows, backend, validate=True):
     return x.new_empty((num_rows,) + tuple(x.shape[1:]))
 
 
-def unpack_tokens(x, indices, num_rows: int, backend: str = "auto") -> Tensor:
-    return _unpack_tokens.run(x, indices, int(num_rows), backend)
+def unpack_tokens(x, indices, num_rows: int, backend: str = "auto", *,
+                  validate: bool = True) -> Tensor:
+    return _unpack_tokens.run(x, indices, _int(num_rows), backend, bool(validate))

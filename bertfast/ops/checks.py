@@ -3,15 +3,26 @@
 A kernel never sees an input these functions did not accept: shapes, dtypes,
 devices and contiguity are checked here and a clear ``ValueError`` /
 ``IndexError`` / ``TypeError`` names the problem.
+
+Two kinds of checks: metadata (shape, dtype, device: free) and values (id ranges,
+``cu_seqlens`` order: they read device memory back to the host, a sync). Value
+checks run on every public op call, and are skipped while tracing / capturing a
+CUDA graph and inside :func:`values_checked`, which a caller that has validated
+the values itself (the model, once per forward) wraps around its op calls; new
+value checks should be guarded by :func:`_can_sync` (as ``check_range`` is).
 """
 from __future__ import annotations
 
+import contextlib
+import operator
+import threading
 from typing import Optional
 
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+#: Token, position and type ids, and pack indices: every backend takes these two.
+INT_DTYPES = (torch.int64, torch.int32)
 
 
 def _fail(op: str, msg: str, exc=ValueError):
@@ -44,7 +55,8 @@ def index_tensor(op: str, name: str, t: torch.Tensor, shape, device, limit: int,
     if not isinstance(t, torch.Tensor):
         _fail(op, f"{name} must be a tensor, got {type(t).__name__}", TypeError)
     if t.dtype not in INT_DTYPES:
-        _fail(op, f"{name} must hold integer ids, got {t.dtype}", TypeError)
+        _fail(op, f"{name} must be an int64 or int32 tensor of ids, got {t.dtype} "
+                  f"(convert it with .long())", TypeError)
     if tuple(t.shape) != tuple(shape):
         _fail(op, f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
     if t.device != device:
@@ -52,7 +64,64 @@ def index_tensor(op: str, name: str, t: torch.Tensor, shape, device, limit: int,
     check_range(op, name, t, limit, what)
 
 
+def positive_int(op: str, name: str, value) -> int:
+    """``value`` as a Python int > 0 (a bool or a float is refused)."""
+    if isinstance(value, bool) or isinstance(value, torch.Tensor):
+        _fail(op, f"{name} must be a positive integer, got {value!r}", TypeError)
+    try:
+        value = operator.index(value)
+    except TypeError:
+        _fail(op, f"{name} must be a positive integer, got {value!r}", TypeError)
+    if value <= 0:
+        _fail(op, f"{name} must be a positive integer, got {value}")
+    return value
+
+
+def attention_args(op: str, qkv, num_heads, scale):
+    """Checked ``(num_heads, scale)`` for the attention entry points; ``scale=None``
+    is ``head_dim ** -0.5``. Runs before the default scale is computed, so a bad
+    head count is a clear error, not a ZeroDivisionError."""
+    float_tensor(op, "qkv", qkv)
+    if qkv.dim() < 2:
+        _fail(op, f"qkv must be [..., 3 * hidden], got shape {tuple(qkv.shape)}")
+    num_heads = positive_int(op, "num_heads", num_heads)
+    _heads(op, qkv.shape[-1], num_heads)
+    if scale is None:
+        return num_heads, (qkv.shape[-1] // 3 // num_heads) ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        _fail(op, f"scale must be a number or None, got {type(scale).__name__}", TypeError)
+    return num_heads, float(scale)
+
+
+def attention_mask_2d(op: str, mask):
+    """A ``[batch, seq_len]`` real-valued key mask (nonzero = real token)."""
+    if not isinstance(mask, torch.Tensor):
+        _fail(op, f"attention_mask must be a tensor, got {type(mask).__name__}", TypeError)
+    if mask.dim() != 2:
+        _fail(op, f"attention_mask must be [batch, seq_len], got shape {tuple(mask.shape)}")
+    if mask.is_complex():
+        _fail(op, f"attention_mask must be a bool, integer or float tensor, got {mask.dtype}",
+              TypeError)
+
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def values_checked():
+    """Inside this block value checks are skipped (the caller has made them)."""
+    before = getattr(_state, "trusted", False)
+    _state.trusted = True
+    try:
+        yield
+    finally:
+        _state.trusted = before
+
+
 def _can_sync() -> bool:
+    """True when value checks (which read device memory) may run."""
+    if getattr(_state, "trusted", False):
+        return False
     if torch.compiler.is_compiling():
         return False
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -61,9 +130,9 @@ def _can_sync() -> bool:
 
 
 def check_range(op: str, name: str, t: torch.Tensor, limit: int, what: str):
-    """Values of ``t`` in ``[0, limit)``. Skipped only while tracing or capturing a
-    CUDA graph (the model checks its inputs before replay); kernels are bounds-safe
-    regardless."""
+    """Values of ``t`` in ``[0, limit)``. Skipped while tracing or capturing a CUDA
+    graph and inside ``values_checked()`` (the model checks its inputs once per
+    forward); kernels are bounds-safe regardless."""
     if t.numel() == 0 or not _can_sync():
         return
     lo, hi = int(t.min()), int(t.max())
@@ -155,7 +224,9 @@ def _heads(op, H3, num_heads):
     if H3 % 3:
         _fail(op, f"qkv last dimension {H3} is not 3 * hidden")
     H = H3 // 3
-    if num_heads <= 0 or H % num_heads:
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
+        _fail(op, f"num_heads must be a positive integer, got {num_heads!r}")
+    if H % num_heads:
         _fail(op, f"hidden size {H} is not divisible by num_heads={num_heads}")
 
 
@@ -164,8 +235,7 @@ def attention(qkv, mask, num_heads, scale):
     float_tensor(op, "qkv", qkv, ndim=3)
     _heads(op, qkv.shape[2], num_heads)
     if mask is not None:
-        if not isinstance(mask, torch.Tensor):
-            _fail(op, "attention_mask must be a tensor", TypeError)
+        attention_mask_2d(op, mask)
         if tuple(mask.shape) != tuple(qkv.shape[:2]):
             _fail(op, f"attention_mask shape {tuple(mask.shape)} != [batch, seq] "
                       f"{tuple(qkv.shape[:2])}")
@@ -193,19 +263,29 @@ def attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
             _fail(op, f"a sequence is longer than max_seqlen={max_seqlen}")
 
 
+def _indices(op, indices):
+    if not isinstance(indices, torch.Tensor):
+        _fail(op, f"indices must be a tensor, got {type(indices).__name__}", TypeError)
+    if indices.dim() != 1 or indices.dtype != torch.int64:
+        _fail(op, f"indices must be a 1-D int64 tensor, got {indices.dtype} of shape "
+                  f"{tuple(indices.shape)}", TypeError)
+
+
 def pack_tokens(x, indices):
     op = "pack_tokens"
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
         _fail(op, "x must be a tensor with at least one dimension", TypeError)
+    _indices(op, indices)
     index_tensor(op, "indices", indices, indices.shape, x.device, x.shape[0], "rows of x")
-    if indices.dim() != 1 or indices.dtype != torch.int64:
-        _fail(op, "indices must be a 1-D int64 tensor", TypeError)
 
 
 def unpack_tokens(x, indices, num_rows):
     op = "unpack_tokens"
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
         _fail(op, "x must be a tensor with at least one dimension", TypeError)
+    _indices(op, indices)
+    if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 0:
+        _fail(op, f"num_rows must be a non-negative integer, got {num_rows!r}")
     if indices.dim() != 1 or indices.dtype != torch.int64 or indices.shape[0] != x.shape[0]:
         _fail(op, f"indices must be 1-D int64 with {x.shape[0]} entries (one per row of x)",
               TypeError)

@@ -5,20 +5,21 @@ here (makes inputs contiguous, allocates outputs with torch, passes
 ``data_ptr()`` addresses, sizes and ``torch.get_num_threads()``; the C++ side
 releases the GIL), and the registered op in ``bertfast/ops/__init__.py``.
 
-Storage dtypes fp32, fp16 and bf16, math in fp32. ``linear_gelu`` in fp32 runs
-the C++ GEMM with bias + activation fused in its epilogue; in fp16 / bf16 it is
-``torch.matmul`` + the in-place bias/GELU kernel.
+Storage dtypes fp32, fp16 and bf16, math in fp32. ``linear`` / ``linear_gelu`` in
+fp32 run the C++ GEMM with bias + activation fused in its epilogue on weights a
+loaded model owns packed (``cpu_weights.PackedWeight``), and ``F.linear`` + the
+bias/activation kernel on any other weight, read afresh at every call (no cache;
+see ``cpu_weights.py``); in fp16 / bf16 they are ``torch.matmul`` + that kernel.
 """
 from __future__ import annotations
 
 import os
-import threading
-import weakref
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from . import cpu_weights as _weights
 from .dispatch import Backend
 from .native import ACT_CODES as _ACT_CODES
 from .native import DTYPE_CODES as _DTYPE_CODES
@@ -99,70 +100,48 @@ def bias_gelu_(x, bias, act):
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
            act: Optional[str] = None) -> Tensor:
-    """fp32 ``act(x @ weight.T + bias)`` on the C++ GEMM (kernels/cpu/gemm.cpp), with
-    bias and activation in its epilogue; ``act=None`` is a plain linear layer.
+    """fp32 ``act(x @ weight.T + bias)``; ``act=None`` is a plain linear layer.
 
-    On AVX-512 machines it runs at about ONNX Runtime's MLAS speed, roughly twice
-    torch's MKL sgemm on AMD Zen (see the cpu backend notes), so a model may route
-    its other fp32 linear layers here too.
+    A :class:`~bertfast.ops.cpu_weights.PackedWeight` (owned by a model bertfast
+    loaded, packed once) runs on the C++ GEMM (kernels/cpu/gemm.cpp) with bias and
+    activation in its epilogue. Any other weight is read as it is at this call, never
+    cached: ``F.linear`` + the C++ bias/activation epilogue, or packed for this call
+    from ``cpu_weights.PACK_MIN_ROWS`` rows (see bertfast/ops/cpu_weights.py).
     """
     x, bias = x.contiguous(), _c(bias)
     N, K = weight.shape
+    M = x.numel() // K if K else 0
+    packed = _weights.packed_for_call(weight, M)
+    if packed is None:
+        out = torch.nn.functional.linear(x, weight, None if act is not None else bias)
+        if act is not None and out.numel():
+            _bias_act(out, out, bias, act)
+        return out
     out = x.new_empty(tuple(x.shape[:-1]) + (N,))
     if out.numel() == 0:
         return out
-    packed = _packed_weight(weight)
     _kernels.linear_packed(out.data_ptr(), x.data_ptr(), packed.data_ptr(), _ptr(bias),
                            out.numel() // N, N, K, -1 if act is None else _ACT_CODES[act],
                            True, _threads())
     return out
 
 
-# Packed GEMM weights, per weight tensor (keyed by id, dropped by a weakref callback
-# when the weight is freed) and repacked when the tensor is modified in place (its
-# version counter moves) or its storage changes. Packing costs one pass over the
-# weight; at batch 1 x 128 it was ~30% of the FFN GEMM when done per call.
-_pack_cache: dict = {}
-_pack_lock = threading.Lock()
-
-
-def _packed_weight(weight: Tensor) -> Tensor:
-    key = (weight._version, weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()))
-    hit = _pack_cache.get(id(weight))
-    if hit is not None and hit[0]() is weight and hit[1] == key:
-        return hit[2]
-    N, K = weight.shape
-    nr = _kernels.linear_panel_width(True)
-    packed = torch.empty(((N + nr - 1) // nr) * nr * K, dtype=torch.float32)
-    w = weight.contiguous()
-    _kernels.linear_pack(packed.data_ptr(), w.data_ptr(), N, K, True, _threads())
-    if not torch.compiler.is_compiling():
-        ident = id(weight)
-        try:
-            ref = weakref.ref(weight, lambda _r, i=ident: _pack_cache.pop(i, None))
-        except TypeError:
-            return packed
-        with _pack_lock:
-            _pack_cache[ident] = (ref, key, packed)
-    return packed
-
-
-#: ``BERTFAST_CPU_GEMM=torch`` sends fp32 GEMMs to torch instead of the C++ GEMM,
-#: trading speed for memory: the C++ GEMM keeps a packed copy of each weight it has
-#: multiplied with (``_pack_cache``), i.e. one more copy of the linear weights.
+#: ``BERTFAST_CPU_GEMM=torch`` sends every fp32 GEMM to torch (``F.linear``), and
+#: ``from_pretrained`` then keeps its weights unpacked.
 _OWN_GEMM = os.environ.get("BERTFAST_CPU_GEMM", "own").strip().lower() != "torch"
 
 
 def linear_op(x, weight, bias):
-    """The ``linear`` op: fp32 on the C++ GEMM, other dtypes on torch's."""
-    if x.dtype == torch.float32 and _OWN_GEMM:
+    """The ``linear`` op: fp32 on the C++ GEMM or F.linear (see ``linear``), other
+    dtypes on torch's."""
+    if x.dtype == torch.float32 and (_OWN_GEMM or _weights.is_packed(weight)):
         return linear(x, weight, bias, None)
     return torch.nn.functional.linear(x, weight, bias)
 
 
 def linear_gelu(x, weight, bias, act):
-    if x.dtype == torch.float32 and _OWN_GEMM:  # own GEMM, bias + act in its epilogue
-        return linear(x, weight, bias, act)
+    if x.dtype == torch.float32 and (_OWN_GEMM or _weights.is_packed(weight)):
+        return linear(x, weight, bias, act)  # bias + act in the C++ epilogue
     # fp16 / bf16: torch's GEMM, then the bias + activation epilogue in place.
     y = torch.matmul(x, weight.t())
     bias_gelu_(y, bias, act)

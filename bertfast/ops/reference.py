@@ -4,7 +4,7 @@ The other backends (``cpu``, ``cuda``, ``triton``) are tested against these
 functions. Each function takes exactly the arguments of the op contract in
 ``bertfast/ops/__init__.py`` (arguments are already validated there).
 
-Numerics (DESIGN.md): statistics and accumulators in fp32 whatever the storage
+Numerics (docs/design.md): statistics and accumulators in fp32 whatever the storage
 dtype; outputs in the storage dtype of the activations; padded positions are zero.
 """
 from __future__ import annotations
@@ -144,11 +144,16 @@ def attention_varlen(
     token attends to the tokens of its own sequence. Returns ``[T, H]``.
     """
     T, H3 = qkv.shape
-    lengths = cu_seqlens.diff().long()
+    cu = cu_seqlens.long()
+    lengths = cu.diff()
     B = lengths.numel()
     S = max(int(max_seqlen), 1)
     mask = torch.arange(S, device=qkv.device)[None, :] < lengths[:, None]  # [B, S]
-    index = mask.flatten().nonzero().squeeze(1)
+    # Padded position of each packed token, without nonzero() (a host sync on GPUs):
+    # token t belongs to row b = #{rows ending at or before t}, at offset t - cu[b].
+    token = torch.arange(T, device=qkv.device)
+    row = torch.searchsorted(cu[1:], token, right=True)
+    index = row * S + (token - cu[row])
     padded = unpack_tokens(qkv, index, B * S).view(B, S, H3)
     out = attention(padded, mask, num_heads, scale)
     return pack_tokens(out.view(B * S, H3 // 3), index)

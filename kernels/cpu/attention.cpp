@@ -19,6 +19,8 @@
 //   (micro-kernels over 2 vectors of keys / head dims x ROWS rows, accumulators in
 //   registers; AVX-512 or AVX2 variant chosen at run time, see below)
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -212,11 +214,20 @@ BF_INLINE void attention_task(T* out, const T* qkv, const Sequence& sq, int64_t 
         BF_SIMD_REDUCE_MAX(mx)
         for (int64_t j = 0; j < BLOCK_N; ++j) mx = fmax_(mx, sr[j]);
         const float m_new = fmax_(m[r], mx);
-        const float alpha = fast_exp(m[r] - m_new);  // exp(-inf) == 0 on the first block
+        // Non-finite scores propagate as in torch's softmax, with nothing added to
+        // the loops: fast_exp(NaN) is NaN, so a NaN score (NaN in q, k or scale)
+        // makes its p, the row sum and the row NaN whatever the max reduction did
+        // with it; a +inf score gives p = exp(inf - inf) = NaN. While every score
+        // so far is -inf, the offset is 0 instead of -inf (exp(-inf - -inf) would
+        // be NaN): those keys get p = 0, and a row whose real scores are all -inf
+        // ends with l = 0 and is written as p V = 0 (torch's SDPA: zeros; NaN
+        // still where V holds inf or NaN, as 0 * inf in torch).
+        const float m_off = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
+        const float alpha = fast_exp(m[r] - m_off);  // exp(-inf) == 0 on the first block
         float sum = 0.0f;
         BF_SIMD_REDUCE_ADD(sum)
         for (int64_t j = 0; j < BLOCK_N; ++j) {
-          float p = fast_exp(sr[j] - m_new);
+          float p = fast_exp(sr[j] - m_off);
           sr[j] = p;
           sum += p;
         }
@@ -227,7 +238,7 @@ BF_INLINE void attention_task(T* out, const T* qkv, const Sequence& sq, int64_t 
       pv_tile<V, VL, ROWS>(sp, vp + kb * dpad, dpad, valid, alphas, op);
     }
     for (int r = 0; r < nr; ++r) {
-      const float inv = 1.0f / l[r];
+      const float inv = l[r] == 0.0f ? 1.0f : 1.0f / l[r];  // l == 0: all scores -inf
       T* o = obase + qrows[g + r] * hidden;
       const float* BF_RESTRICT orow = op + r * dpad;
       for (int64_t dd = 0; dd < d; ++dd) o[dd] = from_f32<T>(orow[dd] * inv);
@@ -252,8 +263,12 @@ __attribute__((noinline)) void task_avx2(T* out, const T* qkv, const Sequence& s
   attention_task<T, v8f, 8, 4>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
 }
 
+// BERTFAST_CPU_ATTENTION_ISA=avx2 forces the AVX2 micro-kernels on an AVX-512
+// machine (tests cover both paths); read per call, so a test can set it in-process.
 bool use_avx512() {
 #if defined(__GNUC__) && defined(__x86_64__)
+  const char* isa = std::getenv("BERTFAST_CPU_ATTENTION_ISA");
+  if (isa && std::strcmp(isa, "avx2") == 0) return false;
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
 #else

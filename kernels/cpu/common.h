@@ -162,13 +162,25 @@ inline int threads_for(int64_t work, int64_t grain, int requested) {
 BF_INLINE float fmin_(float a, float b) { return a < b ? a : b; }
 BF_INLINE float fmax_(float a, float b) { return a > b ? a : b; }
 
+// NaN-propagating clamp to [lo, hi]: a NaN x stays NaN (fmin_/fmax_ would pick a
+// bound), so the exp below returns NaN for NaN as std::exp does.
+BF_INLINE float clamp_keep_nan(float x, float lo, float hi) {
+  const float a = x < lo ? lo : x;
+  return a > hi ? hi : a;
+}
+
 // exp(x) for fp32, relative error ~1e-7, vectorisable. Returns exactly 0 below
-// -87.3 (so exp(-inf) == 0) and saturates near 2^127 above 88.3.
+// -87.3 (so exp(-inf) == 0), saturates near 2^127 above 88.3, and NaN for NaN
+// (the clamp keeps it, and n is read from the float's bits, not converted).
 BF_INLINE float fast_exp(float x) {
   const float lo = -87.3f, hi = 88.3f;
-  float xc = fmin_(fmax_(x, lo), hi);
-  // n = round(x / ln2) via the 1.5 * 2^23 trick (exact for |n| < 2^22).
-  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float xc = clamp_keep_nan(x, lo, hi);
+  // n = round(x / ln2) via the 1.5 * 2^23 trick (exact for |n| < 2^22): the sum's
+  // low mantissa bits hold n + 2^22, read as an integer (no float -> int
+  // conversion, which is undefined for NaN).
+  const float big = xc * 1.44269504088896341f + 12582912.0f;
+  const float n = big - 12582912.0f;
+  const uint32_t ni = f32_to_bits(big) - f32_to_bits(12582912.0f);  // n mod 2^32
   // r = x - n ln2 in two steps (Cody-Waite), |r| <= ln2 / 2.
   float r = n * -0.693145751953125f + xc;
   r = n * -1.428606765330187045e-06f + r;
@@ -181,11 +193,8 @@ BF_INLINE float fast_exp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  int32_t ni = static_cast<int32_t>(n);
-  uint32_t bits = static_cast<uint32_t>(ni + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  float e = p * scale;
+  const float scale = bits_to_f32((ni + 127u) << 23);  // 2^n
+  const float e = p * scale;  // NaN when x is NaN (p is)
   return x < lo ? 0.0f : e;
 }
 

@@ -1,6 +1,6 @@
 """Shared machinery of the per-op parity tests (tests/ops/test_<op>.py).
 
-The parity rule of DESIGN.md: against a float64 "gold" computed by the reference
+The parity rule of docs/design.md: against a float64 "gold" computed by the reference
 (``bertfast.ops.reference``, the spec), a backend's max abs error may be at most
 twice the error of the reference run in the same dtype, plus a small ``atol`` kept
 as data in ``ATOL`` with the reason for its value.
@@ -103,6 +103,24 @@ def run_backend(op: str, backend: str, args):
         pytest.skip(str(exc))
 
 
+def assert_within_rule(op: str, what: str, out: torch.Tensor, gold: torch.Tensor,
+                       same_dtype: torch.Tensor, dtype: torch.dtype) -> float:
+    """The parity rule on computed tensors: ``out``'s max abs error against the float64
+    ``gold`` is at most twice that of ``same_dtype`` (the reference run in ``dtype``)
+    plus ``ATOL[op][dtype]``. For tests that call a kernel directly (no op to run);
+    everything else uses :func:`assert_parity`. Returns the error."""
+    assert out.shape == gold.shape, f"{what}: shape {tuple(out.shape)} != {tuple(gold.shape)}"
+    assert torch.isfinite(out).all(), f"{what} produced non-finite values"
+    err = (out.double() - gold).abs().max().item() if out.numel() else 0.0
+    ref_err = (same_dtype.double() - gold).abs().max().item() if out.numel() else 0.0
+    bound = 2 * ref_err + ATOL[op][dtype]
+    assert err <= bound, (
+        f"{what} [{dtype}]: max abs error {err:.3g} vs float64 gold exceeds "
+        f"2 x reference error ({ref_err:.3g}) + atol ({ATOL[op][dtype]:.1g})"
+    )
+    return err
+
+
 def assert_parity(op: str, backend: str, args, dtype: torch.dtype, *, out_index=None):
     """Check ``op`` on ``backend`` in ``dtype`` against the float64 reference."""
     skip_known_gaps(op, backend, dtype)
@@ -112,13 +130,5 @@ def assert_parity(op: str, backend: str, args, dtype: torch.dtype, *, out_index=
     same_dtype = ref(*cast(args, dtype, device))
     out = run_backend(op, backend, cast(args, dtype, device))
     assert out.dtype == dtype, f"{op}[{backend}] returned {out.dtype}, expected {dtype}"
-    assert out.shape == gold.shape, f"{op}[{backend}] shape {tuple(out.shape)} != {tuple(gold.shape)}"
-    assert torch.isfinite(out).all(), f"{op}[{backend}] produced non-finite values"
-    err = (out.double() - gold).abs().max().item() if out.numel() else 0.0
-    ref_err = (same_dtype.double() - gold).abs().max().item() if out.numel() else 0.0
-    bound = 2 * ref_err + ATOL[op][dtype]
-    assert err <= bound, (
-        f"{op}[{backend}, {dtype}]: max abs error {err:.3g} vs float64 gold exceeds "
-        f"2 x reference error ({ref_err:.3g}) + atol ({ATOL[op][dtype]:.1g})"
-    )
+    assert_within_rule(op, f"{op}[{backend}]", out, gold, same_dtype, dtype)
     return out

@@ -4,11 +4,13 @@ What only the C++ kernels can get wrong: results that depend on the thread count
 the in-place variant aliasing its input, odd widths (1023, 1500) and head dims
 (80, 17), a large common offset in LayerNorm inputs, sequence length 1, rows with
 no real key, the fp16 / bf16 conversions (bit-exact against torch's rounding),
-the vectorised erf / exp against float64, out-of-range ids, and opcheck.
+the vectorised erf / exp against float64, out-of-range ids.
+
+Every accuracy check applies the one parity rule of ``harness.py`` (float64 gold,
+2x the reference's own error in the same dtype + the per-op ``ATOL`` table); the
+schema / fake-tensor check (opcheck) of every op and backend is test_opcheck.py.
 """
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
@@ -17,6 +19,8 @@ import torch.nn.functional as F
 import bertfast.ops as ops
 from bertfast.ops import reference
 from bertfast.ops.dispatch import get_backend
+
+from .harness import assert_parity, assert_within_rule
 
 cpu_backend = get_backend("cpu")
 pytestmark = pytest.mark.skipif(
@@ -29,10 +33,6 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 def _gen(seed=0):
     return torch.Generator().manual_seed(seed)
-
-
-def _maxerr(a, b):
-    return (a.double() - b.double()).abs().max().item()
 
 
 class _threads:
@@ -105,10 +105,7 @@ def test_gelu_erf_accuracy_against_float64():
     # Dense sweep over the whole range where GELU is not trivially 0 or x.
     x = torch.linspace(-12, 12, 400_001, dtype=torch.float32)
     gold = F.gelu(x.double())
-    ours = ops.bias_gelu(x, None, "gelu", backend="cpu")
-    ref32 = F.gelu(x)
-    err, ref_err = _maxerr(ours, gold), _maxerr(ref32, gold)
-    assert err <= 2 * ref_err + 1e-7, (err, ref_err)
+    ours = assert_parity("bias_gelu", "cpu", (x, None, "gelu"), torch.float32)
     # Relative accuracy where the output is tiny (x << 0): erfc is evaluated
     # directly there (torch's fp32 GELU computes 1 + erf and loses it all by x = -5).
     for lo, hi, bound in ((-5.0, -1.0, 1e-5), (-7.0, -5.0, 1e-4)):
@@ -119,10 +116,7 @@ def test_gelu_erf_accuracy_against_float64():
 
 def test_gelu_tanh_accuracy_against_float64():
     x = torch.linspace(-12, 12, 400_001, dtype=torch.float32)
-    gold = F.gelu(x.double(), approximate="tanh")
-    ours = ops.bias_gelu(x, None, "gelu_tanh", backend="cpu")
-    err, ref_err = _maxerr(ours, gold), _maxerr(F.gelu(x, approximate="tanh"), gold)
-    assert err <= 2 * ref_err + 1e-7, (err, ref_err)
+    assert_parity("bias_gelu", "cpu", (x, None, "gelu_tanh"), torch.float32)
 
 
 def test_activation_special_values():
@@ -149,7 +143,8 @@ def test_half_conversions_bit_exact(dtype):
         ours = ops.bias_gelu(x, b, "relu", backend="cpu")
         ref = reference.bias_gelu(x, b, "relu")
         same = (ours.view(torch.int16) == ref.view(torch.int16)) | (ours.isnan() & ref.isnan())
-        assert bool(same.all()), (s, x[0][~same[0]][:5], ours[0][~same[0]][:5], ref[0][~same[0]][:5])
+        bad = ~same[0]
+        assert bool(same.all()), (s, x[0][bad][:5], ours[0][bad][:5], ref[0][bad][:5])
 
 
 # ---------------------------------------------------------------- LayerNorm
@@ -160,11 +155,7 @@ def test_add_layernorm_widths_and_large_offset(hidden, offset):
     x = torch.randn(37, hidden, generator=g) + offset
     r = torch.randn(37, hidden, generator=g)
     bias, w, b = (torch.randn(hidden, generator=g) for _ in range(3))
-    gold = reference.add_layernorm(x.double(), r.double(), bias.double(), w.double(),
-                                   b.double(), 1e-12)
-    ours = ops.add_layernorm(x, r, bias, w, b, 1e-12, backend="cpu")
-    ref = reference.add_layernorm(x, r, bias, w, b, 1e-12)
-    assert _maxerr(ours, gold) <= 2 * _maxerr(ref, gold) + 1e-5
+    assert_parity("add_layernorm", "cpu", (x, r, bias, w, b, 1e-12), torch.float32)
 
 
 def test_layernorm_variance_is_stable_under_offset():
@@ -175,9 +166,7 @@ def test_layernorm_variance_is_stable_under_offset():
     x = (sig + 1e4).float()
     zeros = torch.zeros(16, 1024)
     w, b = torch.ones(1024), torch.zeros(1024)
-    gold = F.layer_norm(x.double(), (1024,), eps=1e-12)
-    ours = ops.add_layernorm(x, zeros, None, w, b, 1e-12, backend="cpu")
-    assert _maxerr(ours, gold) < 1e-3
+    assert_parity("add_layernorm", "cpu", (x, zeros, None, w, b, 1e-12), torch.float32)
 
 
 def test_embed_layernorm_out_of_range_ids_give_nan_rows():
@@ -206,20 +195,14 @@ def test_embed_layernorm_types_and_packed_ids(dtype):
     ids = torch.randint(0, 100, (29,), generator=g).to(torch.int32)  # packed, int32 ids
     pids = torch.arange(29)
     tids = torch.randint(0, 2, (29,), generator=g)
-    args = (ids, pids, tids)
-    params = [t.to(dtype) for t in (words, pos, types, w, b)]
-    gold = reference.embed_layernorm(*args, *(t.double() for t in (words, pos, types)),
-                                     w.double(), b.double(), 1e-12)
-    ours = ops.embed_layernorm(*args, *params[:3], *params[3:], backend="cpu")
-    ref = reference.embed_layernorm(*args, *params[:3], *params[3:], 1e-12)
-    tol = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
-    assert _maxerr(ours, gold) <= 2 * _maxerr(ref, gold) + tol
+    assert_parity("embed_layernorm", "cpu", (ids, pids, tids, words, pos, types, w, b, 1e-12),
+                  dtype)
 
 
 # ---------------------------------------------------------------- attention
-def _gold_attention(qkv, mask, heads):
+def _attention_parity(qkv, mask, heads, dtype=torch.float32):
     d = qkv.shape[-1] // 3 // heads
-    return reference.attention(qkv.double(), mask, heads, d ** -0.5)
+    return assert_parity("attention", "cpu", (qkv, mask, heads, d ** -0.5), dtype)
 
 
 @pytest.mark.parametrize("heads,head_dim", [(12, 32), (4, 80), (2, 17), (1, 128), (3, 96)])
@@ -229,9 +212,7 @@ def test_attention_shapes(heads, head_dim, seqlen):
     qkv = torch.randn(2, seqlen, 3 * heads * head_dim, generator=g)
     mask = torch.ones(2, seqlen, dtype=torch.long)
     mask[1, (seqlen + 1) // 2:] = 0
-    ours = ops.attention(qkv, mask, heads, backend="cpu")
-    gold = _gold_attention(qkv, mask, heads)
-    assert _maxerr(ours, gold) < 5e-5
+    ours = _attention_parity(qkv, mask, heads)
     assert (ours[1, (seqlen + 1) // 2:] == 0).all()
 
 
@@ -247,11 +228,9 @@ def test_attention_long_sequences_query_and_key_blocks(heads, head_dim, seqlen):
     mask[1, seqlen - seqlen // 3:] = 0
     mask[1, 5:9] = 0
     with _threads(2):
-        ours = ops.attention(qkv, mask, heads, backend="cpu")
+        ours = _attention_parity(qkv, mask, heads)
     with _threads(1):
         one = ops.attention(qkv, mask, heads, backend="cpu")
-    gold = _gold_attention(qkv, mask, heads)
-    assert _maxerr(ours, gold) < 5e-5
     assert torch.equal(ours, one)
     assert (ours[1, seqlen - seqlen // 3:] == 0).all()
 
@@ -263,11 +242,8 @@ def test_attention_all_masked_row_and_holes():
     mask[0] = False                 # no real token at all: zeros
     mask[1, ::3] = False            # holes (left padding and gaps are allowed)
     mask[2, :10] = False
-    ours = ops.attention(qkv, mask, 2, backend="cpu")
-    gold = _gold_attention(qkv, mask, 2)
+    ours = _attention_parity(qkv, mask, 2)  # finite everywhere
     assert (ours[0] == 0).all()
-    assert not ours.isnan().any()
-    assert _maxerr(ours, gold) < 5e-5
     # float masks (1.0 / 0.0) are read as nonzero = real token
     assert torch.equal(ops.attention(qkv, mask.float(), 2, backend="cpu"), ours)
 
@@ -288,9 +264,7 @@ def test_attention_varlen_matches_padded():
     lens = [5, 0, 130, 1, 64]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
     qkv = torch.randn(sum(lens), 3 * 160, generator=g)
-    ours = ops.attention_varlen(qkv, cu, max(lens), 2, backend="cpu")
-    gold = reference.attention_varlen(qkv.double(), cu, max(lens), 2, 80 ** -0.5)
-    assert _maxerr(ours, gold) < 5e-5
+    assert_parity("attention_varlen", "cpu", (qkv, cu, max(lens), 2, 80 ** -0.5), torch.float32)
 
 
 def test_attention_varlen_bad_cu_seqlens_raises():
@@ -314,11 +288,7 @@ def test_attention_half_storage(dtype):
     qkv = torch.randn(2, 70, 3 * 4 * 80, generator=g)
     mask = torch.ones(2, 70, dtype=torch.long)
     mask[0, 50:] = 0
-    gold = _gold_attention(qkv.to(dtype), mask, 4)
-    ours = ops.attention(qkv.to(dtype), mask, 4, backend="cpu")
-    ref = reference.attention(qkv.to(dtype), mask, 4, 80 ** -0.5)
-    tol = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
-    assert _maxerr(ours, gold) <= 2 * _maxerr(ref, gold) + tol
+    _attention_parity(qkv, mask, 4, dtype)
 
 
 # ---------------------------------------------------------------- pack / unpack
@@ -351,10 +321,8 @@ def test_linear_gelu_is_matmul_plus_epilogue():
     x = torch.randn(3, 17, 64, generator=g)
     w = torch.randn(150, 64, generator=g)
     b = torch.randn(150, generator=g)
-    ours = ops.linear_gelu(x, w, b, backend="cpu")
-    gold = reference.linear_gelu(x.double(), w.double(), b.double(), "gelu")
+    ours = assert_parity("linear_gelu", "cpu", (x, w, b, "gelu"), torch.float32)
     assert ours.shape == (3, 17, 150)
-    assert _maxerr(ours, gold) < 5e-5
 
 
 @pytest.mark.parametrize("allow_avx512", [True, False], ids=["auto-isa", "avx2"])
@@ -373,11 +341,13 @@ def test_cpu_gemm_shapes_and_isas(allow_avx512, m, k, n, act):
     _C.cpu.linear_act(out.data_ptr(), x.data_ptr(), w.data_ptr(), b.data_ptr(), m, n, k, act,
                       allow_avx512, 2)
     kind = {-1: None, 0: "gelu", 1: "gelu_tanh", 2: "relu"}[act]
-    lin = F.linear(x.double(), w.double(), b.double())
-    gold = lin if kind is None else reference.activation(lin, kind)
-    ref = F.linear(x, w, b)
-    ref = ref if kind is None else reference.activation(ref, kind)
-    assert _maxerr(out, gold) <= 2 * _maxerr(ref, gold) + 5e-5
+    if kind is None:
+        gold, ref = reference.linear(x.double(), w.double(), b.double()), reference.linear(x, w, b)
+        assert_within_rule("linear", "_C.cpu.linear_act", out, gold, ref, torch.float32)
+    else:
+        gold = reference.linear_gelu(x.double(), w.double(), b.double(), kind)
+        ref = reference.linear_gelu(x, w, b, kind)
+        assert_within_rule("linear_gelu", "_C.cpu.linear_act", out, gold, ref, torch.float32)
 
 
 @pytest.mark.parametrize("offset", [0, 3])
@@ -394,15 +364,17 @@ def test_cpu_gemm_large_output_huge_page_advice(offset):
     out = buf[offset:offset + m * n].view(m, n)
     _C.cpu.linear_act(out.data_ptr(), x.data_ptr(), w.data_ptr(), b.data_ptr(), m, n, k, -1,
                       True, 2)
-    gold = F.linear(x.double(), w.double(), b.double())
-    assert _maxerr(out, gold) <= 2 * _maxerr(F.linear(x, w, b), gold) + 5e-5
+    assert_within_rule("linear", "_C.cpu.linear_act", out,
+                       reference.linear(x.double(), w.double(), b.double()),
+                       reference.linear(x, w, b), torch.float32)
     assert torch.all(buf[:offset] == -7.0) and torch.all(buf[offset + m * n:] == -7.0)
     assert torch.equal(ops.linear(x, w, b, backend="cpu"), out)
 
 
 def test_linear_gelu_fp32_uses_fused_gemm_and_threads_agree():
     g = _gen(15)
-    x, w, b = torch.randn(2, 70, 384, generator=g), torch.randn(1536, 384, generator=g), torch.randn(1536)
+    x, w = torch.randn(2, 70, 384, generator=g), torch.randn(1536, 384, generator=g)
+    b = torch.randn(1536)
     with _threads(1):
         one = ops.linear_gelu(x, w, b, backend="cpu")
     with _threads(2):
@@ -413,21 +385,49 @@ def test_linear_gelu_fp32_uses_fused_gemm_and_threads_agree():
     assert torch.equal(ops.linear_gelu(x, wt, b, backend="cpu"), one)
 
 
-def test_packed_weight_cache_follows_in_place_updates_and_frees():
-    import gc
+@pytest.mark.parametrize("pack_rows", [None, 0], ids=["f_linear", "pack_per_call"])
+def test_plain_weights_are_read_at_every_call(pack_rows, monkeypatch):
+    """No packed-weight cache: every write to a plain weight is seen by the next call
+    (in place, through .data, through a view under no_grad, through NumPy)."""
+    from bertfast.ops import cpu_weights
 
-    from bertfast.ops import cpu as cpu_mod
-
+    monkeypatch.setattr(cpu_weights, "PACK_MIN_ROWS", pack_rows)
     g = _gen(16)
-    x, w = torch.randn(9, 48, generator=g), torch.randn(70, 48, generator=g)
-    first = cpu_mod.linear(x, w)
-    assert id(w) in cpu_mod._pack_cache
-    w.mul_(-2)  # in place: version counter moves, the packed copy must be rebuilt
-    torch.testing.assert_close(cpu_mod.linear(x, w), -2 * first, rtol=1e-5, atol=1e-5)
-    ident = id(w)
-    del w
-    gc.collect()
-    assert ident not in cpu_mod._pack_cache
+    x, w, b = torch.randn(9, 48, generator=g), torch.randn(70, 48, generator=g), torch.randn(70)
+    for write in (lambda: w.mul_(-2), lambda: w.data.__setitem__(3, 0.5),
+                  lambda: w[5:9].copy_(torch.ones(4, 48)),
+                  lambda: w.numpy().__setitem__(7, 2.0)):
+        ops.linear(x, w, b, backend="cpu")
+        with torch.no_grad():
+            write()
+        torch.testing.assert_close(ops.linear(x, w, b, backend="cpu"), F.linear(x, w, b),
+                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ops.linear_gelu(x, w, b, "gelu", backend="cpu"),
+                                   F.gelu(F.linear(x, w, b)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act", [None, "gelu", "gelu_tanh", "relu"])
+def test_packed_weight_runs_the_cpp_gemm(act):
+    """A PackedWeight (what from_pretrained keeps) on the C++ GEMM matches torch,
+    with 1 and 2 threads, and reads back as the weight it was packed from."""
+    from bertfast.ops import cpu_weights
+
+    g = _gen(17)
+    x, w, b = torch.randn(2, 70, 96, generator=g), torch.randn(200, 96, generator=g), torch.randn(200)
+    pw = cpu_weights.PackedWeight.of(w)
+    assert torch.equal(pw.dense(), w) and torch.equal(pw + 0, w)
+    ref = F.linear(x, w, b)
+    if act is not None:
+        ref = {"gelu": F.gelu, "relu": F.relu,
+               "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[act](ref)
+    with _threads(1):
+        one = (ops.linear(x, pw, b, backend="cpu") if act is None
+               else ops.linear_gelu(x, pw, b, act, backend="cpu"))
+    with _threads(2):
+        two = (ops.linear(x, pw, b, backend="cpu") if act is None
+               else ops.linear_gelu(x, pw, b, act, backend="cpu"))
+    assert torch.equal(one, two)
+    torch.testing.assert_close(one, ref, rtol=1e-5, atol=5e-5)
 
 
 # ---------------------------------------------------------------- dtype fallback
@@ -437,39 +437,3 @@ def test_float64_falls_back_with_a_reason():
     assert reason and "float64" in reason
     # auto picks torch for it
     torch.testing.assert_close(ops.bias_gelu(x), F.gelu(x))
-
-
-# ---------------------------------------------------------------- opcheck
-def _opcheck_cases():
-    g = _gen(13)
-    x = torch.randn(5, 24, generator=g)
-    r = torch.randn(5, 24, generator=g)
-    v = torch.randn(24, generator=g)
-    qkv = torch.randn(2, 7, 3 * 24, generator=g)
-    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
-    cu = torch.tensor([0, 3, 10], dtype=torch.int32)
-    ids = torch.randint(0, 11, (2, 7), generator=g)
-    pids = torch.arange(7).expand(2, 7).contiguous()
-    tids = torch.zeros(2, 7, dtype=torch.long)
-    words, pos, types = torch.randn(11, 24), torch.randn(9, 24), torch.randn(2, 24)
-    idx = torch.tensor([0, 2, 4])
-    w = torch.randn(40, 24, generator=g)
-    b40 = torch.randn(40, generator=g)
-    op = torch.ops.bertfast
-    return [
-        (op.embed_layernorm, (ids, pids, tids, words, pos, types, v, v, 1e-12, "cpu")),
-        (op.add_layernorm, (x, r, v, v, v, 1e-12, "cpu")),
-        (op.bias_gelu, (x, v, "gelu", "cpu")),
-        (op.bias_gelu_, (x.clone(), v, "gelu_tanh", "cpu")),
-        (op.linear_gelu, (x, w, b40, "gelu", "cpu")),
-        (op.attention, (qkv, mask, 3, 8 ** -0.5, "cpu")),
-        (op.attention_varlen, (qkv.view(14, -1)[:10], cu, 7, 3, 8 ** -0.5, "cpu")),
-        (op.pack_tokens, (x, idx, "cpu")),
-        (op.unpack_tokens, (x[:3], idx, 6, "cpu")),
-    ]
-
-
-@pytest.mark.parametrize("case", range(9))
-def test_opcheck(case):
-    op, args = _opcheck_cases()[case]
-    torch.library.opcheck(op, args)

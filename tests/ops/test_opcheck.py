@@ -1,12 +1,21 @@
 """torch.library.opcheck on every bertfast custom op (schema, fake impl, dispatch).
 
-Run for the backends that execute on CPU tensors natively; the triton interpreter
-is too slow for opcheck's repeated runs and is covered by the parity tests.
+Run for every backend that executes natively: ``torch`` and ``cpu`` everywhere,
+``cuda`` on a GPU with a CUDA build (marked ``gpu``; skips cleanly otherwise). The
+triton interpreter is too slow for opcheck's repeated runs and is covered by the
+parity tests (on a GPU, by the same parity tests on CUDA tensors).
 """
 import pytest
 import torch
 
-import bertfast.ops  # noqa: F401  (registers torch.ops.bertfast.*)
+import bertfast
+import bertfast.ops  # registers torch.ops.bertfast.*
+
+BACKENDS = [
+    pytest.param("torch", id="torch"),
+    pytest.param("cpu", id="cpu"),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
+]
 
 
 def _cases():
@@ -33,8 +42,16 @@ def _cases():
 CASES = list(_cases())
 
 
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def _on(device, args):
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name,args", CASES, ids=[c[0] for c in CASES])
 def test_opcheck(name, args, backend):
+    if backend == "cuda":
+        if not bertfast.build_info().get("cuda"):
+            pytest.skip("this build has no CUDA kernels (nvcc absent or BERTFAST_SKIP_CUDA)")
+        args = _on("cuda", args)
     op = getattr(torch.ops.bertfast, name).default
     torch.library.opcheck(op, args + (backend,))

@@ -45,7 +45,7 @@ def configs(gpu_configs, interpret_config):
 
 def dot_precision(dtype: torch.dtype) -> str:
     """``tl.dot`` input precision for fp32 operands: IEEE unless torch allows TF32
-    (DESIGN.md: fp32 runs compare with TF32 off). Other dtypes ignore it."""
+    (docs/design.md: fp32 runs compare with TF32 off). Other dtypes ignore it."""
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return "ieee"
     return "tf32"

@@ -125,11 +125,12 @@ def _attention_kernel(
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    is_row = l_i > 0.0
+    # l == 0: no real key, or every score -inf (torch's SDPA gives p = 0 there, so
+    # the row is p V: zeros, NaN where V is inf). A NaN l (NaN / +inf scores)
+    # stays NaN, as in torch.
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if HAS_MASK:
-        is_row = is_row & query_mask
-    out = acc / tl.where(is_row, l_i, 1.0)[:, None]
-    out = tl.where(is_row[:, None], out, 0.0)
+        out = tl.where(query_mask[:, None], out, 0.0)
     out_rows = (seq_start + offs_m).to(tl.int64) * out_token_stride
     tl.store(out_base + out_rows[:, None] + offs_d[None, :], cast_out(out, out_ptr.dtype.element_ty),
              mask=is_q[:, None] & is_d[None, :])

@@ -1,0 +1,192 @@
+"""Load-time checks of what a user passes in: checkpoint folders, devices, backends.
+
+Every function here turns a user mistake into one exception whose message says
+what was wrong and what to do, before anything is loaded:
+
+- :class:`CheckpointError` (a ``ValueError``) is the one error class for a
+  checkpoint that cannot be used; :class:`CheckpointNotFoundError` (also a
+  ``FileNotFoundError``) and :class:`CheckpointNotADirectoryError` (also a
+  ``NotADirectoryError``) are its kinds for a path that is not a folder;
+- :func:`checkpoint_folder` checks a checkpoint path (and explains that a Hub id
+  such as ``bert-base-uncased`` must be downloaded first);
+- :func:`resolve_device` checks a device (a CUDA device when none is visible says
+  so, and which backends run here);
+- :func:`check_backend` checks backend x device x dtype, so a backend that cannot
+  run is refused at load, not at the first forward.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "CheckpointNotADirectoryError",
+    "checkpoint_folder",
+    "resolve_device",
+    "requested_backend",
+    "check_backend",
+    "runnable_backends",
+    "load_options",
+]
+
+
+class CheckpointError(ValueError):
+    """The checkpoint folder cannot be loaded (its message says why)."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """A checkpoint folder, or a file it needs, does not exist."""
+
+
+class CheckpointNotADirectoryError(CheckpointError, NotADirectoryError):
+    """The checkpoint path is not a folder."""
+
+
+# A Hugging Face Hub id: ``name`` or ``owner/name`` (letters, digits, ``-_.``).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+
+
+def _hub_hint(text: str) -> str:
+    if not _HUB_ID.match(text) or text in (".", ".."):
+        return ""
+    local = text.rsplit("/", 1)[-1]
+    return (
+        f"; if {text!r} is a Hugging Face Hub id: bertfast reads local checkpoint "
+        f"folders only, so download it first (`huggingface-cli download {text} "
+        f"--local-dir {local}`, or save_pretrained() of the transformers model and "
+        f"tokenizer) and pass that folder"
+    )
+
+
+def checkpoint_folder(path) -> str:
+    """``path`` as a string, checked to be a readable folder holding config.json."""
+    if isinstance(path, (bytes, bytearray)):
+        path = os.fsdecode(bytes(path))
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"checkpoint path must be a str or os.PathLike, got {type(path).__name__}")
+    text = os.fspath(path)
+    folder = os.path.expanduser(text)
+    if not os.path.exists(folder):
+        raise CheckpointNotFoundError(f"checkpoint folder {text} does not exist{_hub_hint(text)}")
+    if not os.path.isdir(folder):
+        raise CheckpointNotADirectoryError(
+            f"checkpoint path {text} is not a folder (expected a Hugging Face checkpoint "
+            f"folder holding config.json and the weights)"
+        )
+    if not os.access(folder, os.R_OK | os.X_OK):
+        raise CheckpointError(f"checkpoint folder {text} is not readable (permissions)")
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise CheckpointNotFoundError(
+            f"{text} is not a Hugging Face checkpoint folder: no config.json in it"
+        )
+    return folder
+
+
+# ---------------------------------------------------------------- devices
+def runnable_backends(device_type: str, dtype: torch.dtype | None = None) -> list[str]:
+    """Backends that can run on ``device_type`` (and ``dtype``) in this process."""
+    from .ops import dispatch
+
+    out = []
+    for name, reason in dispatch.backend_status(device_type).items():
+        if reason is not None:
+            continue
+        if dtype is not None and dtype not in getattr(dispatch.get_backend(name), "dtypes", ()):
+            continue
+        out.append(name)
+    return out
+
+
+def _no_cuda_reason() -> str:
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is a CPU-only build"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    extra = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
+    return (
+        f"torch {torch.__version__} is built with CUDA {torch.version.cuda} but sees no GPU{extra}"
+    )
+
+
+def resolve_device(device) -> torch.device:
+    """``device`` as a ``torch.device`` bertfast can run on, or a ValueError."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ValueError(f"invalid device {device!r} ({exc}); use 'cpu' or 'cuda[:N]'") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            here = ", ".join(runnable_backends("cpu")) or "none"
+            raise ValueError(
+                f"device {str(device)!r} asked for, but no CUDA device is visible "
+                f"({_no_cuda_reason()}); use device='cpu' (backends that run here: {here})"
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ValueError(
+                f"device {str(device)!r} does not exist: torch sees {count} "
+                f"CUDA device(s) (cuda:0..cuda:{count - 1})"
+            )
+    elif dev.type != "cpu":
+        raise ValueError(
+            f"device {str(device)!r}: bertfast runs on 'cpu' and 'cuda' devices, not {dev.type!r}"
+        )
+    return dev
+
+
+# ---------------------------------------------------------------- backends
+def requested_backend(backend) -> str:
+    """The backend name a call with ``backend`` asks for (``BERTFAST_BACKEND``
+    overrides ``"auto"``); ValueError for a name bertfast does not know."""
+    from .ops import dispatch
+
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string, got {type(backend).__name__}")
+    return dispatch._requested(backend)
+
+
+def check_backend(backend, device: torch.device, dtype: torch.dtype) -> str:
+    """Refuse, at load, a backend that cannot run models on ``device`` in ``dtype``
+    (``BackendError`` naming the reason and the backends that can). Returns the
+    requested name (``"auto"`` or a backend)."""
+    from .ops import dispatch
+
+    name = requested_backend(backend)
+    if name == "auto":
+        return name
+    impl = dispatch.get_backend(name)
+    env = " (from BERTFAST_BACKEND)" if backend == "auto" else ""
+    if isinstance(impl, dispatch._Unimportable):
+        reason = impl.error
+    elif device.type not in impl.device_types:
+        reason = f"it runs on {'/'.join(impl.device_types)} tensors, not {device.type}"
+    else:
+        reason = impl.unavailable(device.type)
+        if reason is None and dtype not in impl.dtypes:
+            reason = f"it does not support {dtype}"
+    if reason is None:
+        return name
+    here = runnable_backends(device.type, dtype)
+    raise dispatch.BackendError(
+        f"backend {name!r}{env} cannot run on {device} with {dtype}: {reason}; backends "
+        f"that can: {', '.join(['auto'] + here)}"
+    )
+
+
+def load_options(device, dtype, backend) -> torch.device:
+    """Check what a load is asked for before any file is read: ``dtype`` a floating
+    torch dtype (TypeError), ``device`` usable here (ValueError), ``backend`` (and
+    ``BERTFAST_BACKEND``) able to run on them (ValueError / BackendError). Returns the
+    device."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(
+            f"dtype must be a floating torch.dtype (torch.float32, torch.float16, "
+            f"torch.bfloat16), got {dtype!r}"
+        )
+    device = resolve_device(device)
+    check_backend(backend, device, dtype)
+    return device
