@@ -8,6 +8,7 @@ with 1 and 2 actors, and Ray Serve latency under concurrent load.
 Needs `pip install ".[ray]"` (and `.[demo]` for the default checkpoint). Prints one line
 per measurement and a JSON summary. Rough by nature on a shared machine: run it alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,16 +23,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-WORDS = ("the a of to and in is it for on with as at by this from that be are was "
-         "search engine vector query document model encoder sentence fast slow index "
-         "cluster node actor batch request latency throughput memory corpus text "
-         "embedding similarity nearest neighbour retrieval ranking answer question").split()
+WORDS = (
+    "the a of to and in is it for on with as at by this from that be are was "
+    "search engine vector query document model encoder sentence fast slow index "
+    "cluster node actor batch request latency throughput memory corpus text "
+    "embedding similarity nearest neighbour retrieval ranking answer question"
+).split()
 
 
 def corpus(n: int, seed: int = 0):
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 30))) + "."
-            for _ in range(n)]
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 30))) + "." for _ in range(n)]
 
 
 def measure_embedder(path, texts, batch_size):
@@ -52,9 +54,24 @@ def measure_stream(path, texts, batch_size):
             f.write("\n".join(texts) + "\n")
         start = time.perf_counter()
         result = subprocess.run(
-            [sys.executable, "-m", "bertfast", "encode", str(path), "--input", source,
-             "--output", os.path.join(tmp, "out.npy"), "--batch-size", str(batch_size),
-             "--no-progress"], capture_output=True, text=True, check=True)
+            [
+                sys.executable,
+                "-m",
+                "bertfast",
+                "encode",
+                str(path),
+                "--input",
+                source,
+                "--output",
+                os.path.join(tmp, "out.npy"),
+                "--batch-size",
+                str(batch_size),
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         wall = time.perf_counter() - start
     rate = float(result.stdout.split("(")[-1].split(" texts/s")[0])
     return {"texts_per_s": rate, "wall_texts_per_s": len(texts) / wall, "wall_s": wall}
@@ -76,11 +93,20 @@ def measure_ray(path, texts, actors, cpus, batch_size):
             out["encode_s"] = spent
             return out
 
-    ds = ray.data.from_items([{"id": i, "text": t} for i, t in enumerate(texts)],
-                             override_num_blocks=max(1, len(texts) // 250))
+    ds = ray.data.from_items(
+        [{"id": i, "text": t} for i, t in enumerate(texts)],
+        override_num_blocks=max(1, len(texts) // 250),
+    )
     start = time.perf_counter()
-    out = embed_dataset(ds, path, concurrency=actors, num_cpus=cpus / actors,
-                        batch_size=250, predictor=Timed, encode_batch_size=batch_size)
+    out = embed_dataset(
+        ds,
+        path,
+        concurrency=actors,
+        num_cpus=cpus / actors,
+        batch_size=250,
+        predictor=Timed,
+        encode_batch_size=batch_size,
+    )
     first = None
     encode_s = 0.0
     rows = 0
@@ -91,9 +117,13 @@ def measure_ray(path, texts, actors, cpus, batch_size):
         rows += len(batch["id"])
     wall = time.perf_counter() - start
     assert rows == len(texts)
-    return {"texts_per_s": rows / wall, "wall_s": wall, "first_batch_s": first,
-            "encode_s_per_actor": encode_s / actors,
-            "steady_texts_per_s": rows / max(wall - first, 1e-9)}
+    return {
+        "texts_per_s": rows / wall,
+        "wall_s": wall,
+        "first_batch_s": first,
+        "encode_s_per_actor": encode_s / actors,
+        "steady_texts_per_s": rows / max(wall - first, 1e-9),
+    }
 
 
 def measure_serve(path, texts, clients, max_batch, wait_ms):
@@ -106,8 +136,11 @@ def measure_serve(path, texts, clients, max_batch, wait_ms):
 
     port = 8765
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(serve_app(path, max_batch_size=max_batch, batch_wait_timeout_s=wait_ms / 1000),
-              name="bertfast", route_prefix="/")
+    serve.run(
+        serve_app(path, max_batch_size=max_batch, batch_wait_timeout_s=wait_ms / 1000),
+        name="bertfast",
+        route_prefix="/",
+    )
     url = f"http://127.0.0.1:{port}/embed"
 
     def one(text):
@@ -129,9 +162,13 @@ def measure_serve(path, texts, clients, max_batch, wait_ms):
     serve.shutdown()
     ray.shutdown()
     pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]  # noqa: E731
-    return {"requests_per_s": len(texts) / wall, "p50_ms": 1000 * pick(0.50),
-            "p99_ms": 1000 * pick(0.99), "max_texts_per_batch": stats["max_texts_per_batch"],
-            "mean_texts_per_batch": stats["texts"] / max(stats["batches"], 1)}
+    return {
+        "requests_per_s": len(texts) / wall,
+        "p50_ms": 1000 * pick(0.50),
+        "p99_ms": 1000 * pick(0.99),
+        "max_texts_per_batch": stats["max_texts_per_batch"],
+        "mean_texts_per_batch": stats["texts"] / max(stats["batches"], 1),
+    }
 
 
 def main(argv=None):
@@ -168,8 +205,11 @@ def main(argv=None):
         for actors in (1, 2):
             key = f"ray_data_{actors}_actor"
             results[key] = measure_ray(path, texts, actors, args.cpus, args.batch_size)
-            print(f"Ray Data, {actors} actor(s) x {args.cpus / actors:g} CPU", results[key],
-                  flush=True)
+            print(
+                f"Ray Data, {actors} actor(s) x {args.cpus / actors:g} CPU",
+                results[key],
+                flush=True,
+            )
     if "serve" in only:
         results["serve"] = measure_serve(path, corpus(args.requests, seed=1), args.clients, 32, 5)
         print(f"Ray Serve, {args.clients} clients", results["serve"], flush=True)

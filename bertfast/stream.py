@@ -30,6 +30,7 @@ its own name only when complete. ``resume`` continues an interrupted ``.npy`` /
 ``.parquet`` run from its last finished chunk, after checking that the input, the
 model and the settings are the ones it started with.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -42,16 +43,24 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 __all__ = [
-    "StreamError", "INPUT_FORMATS", "OUTPUT_FORMATS", "DEFAULT_CHUNK_SIZE",
-    "input_format", "output_format", "open_source", "open_sink", "encode_stream",
-    "EncodeSummary", "partial_dir",
+    "StreamError",
+    "INPUT_FORMATS",
+    "OUTPUT_FORMATS",
+    "DEFAULT_CHUNK_SIZE",
+    "input_format",
+    "output_format",
+    "open_source",
+    "open_sink",
+    "encode_stream",
+    "EncodeSummary",
+    "partial_dir",
 ]
 
 INPUT_FORMATS = ("txt", "jsonl", "csv", "parquet")
@@ -62,8 +71,13 @@ LISTED_BAD_ROWS = 5
 _PROGRESS_VERSION = 1
 _READ_BLOCK = 1 << 20
 
-_SUFFIX_FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet",
-                   ".pq": "parquet"}
+_SUFFIX_FORMATS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -71,7 +85,7 @@ class StreamError(ValueError):
     """A user-side problem with the input, the output or the settings: one line."""
 
 
-def input_format(path: str, override: Optional[str] = None) -> str:
+def input_format(path: str, override: str | None = None) -> str:
     if override is not None:
         if override not in INPUT_FORMATS:
             raise StreamError(f"unknown input format {override!r}; expected one of {INPUT_FORMATS}")
@@ -94,11 +108,13 @@ def partial_dir(output: Path) -> Path:
 
 def _require_pyarrow(what: str):
     try:
-        import pyarrow  # noqa: F401
-        import pyarrow.parquet  # noqa: F401
+        import pyarrow
+        import pyarrow.parquet
     except ImportError:
-        raise StreamError(f"{what} needs pyarrow, which is not installed: "
-                          "run `pip install pyarrow` (or `pip install bertfast[ray]`)") from None
+        raise StreamError(
+            f"{what} needs pyarrow, which is not installed: "
+            "run `pip install pyarrow` (or `pip install bertfast[ray]`)"
+        ) from None
     return pyarrow
 
 
@@ -108,15 +124,15 @@ class Chunk:
     """Rows ``start .. start + len(texts) - 1``; ``texts[i] is None`` for a bad row."""
 
     start: int
-    texts: List[Optional[str]]
+    texts: list[str | None]
     #: kept columns: a list of Python values (text formats) or a pyarrow array (Parquet)
-    keep: Dict[str, object] = field(default_factory=dict)
+    keep: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
 class BadRow:
     index: int  # 0-based row id
-    line: Optional[int]  # 1-based line of the file, where the format has lines
+    line: int | None  # 1-based line of the file, where the format has lines
     reason: str
 
     def describe(self, name: str) -> str:
@@ -136,7 +152,7 @@ class Source:
         self.field = field_name
         self.keep = list(keep)
 
-    def scan(self, skip_bad: bool, progress: bool = False) -> Tuple[int, List[BadRow], int]:
+    def scan(self, skip_bad: bool, progress: bool = False) -> tuple[int, list[BadRow], int]:
         """Returns (rows, first bad rows, number of bad rows); raises at the first bad
         row unless ``skip_bad``."""
         rows, listed, count = 0, [], 0
@@ -153,7 +169,7 @@ class Source:
                 listed.append(bad)
         return rows, listed, count
 
-    def _check_all(self, progress: bool) -> Iterator[Tuple[int, Optional[int], Optional[str]]]:
+    def _check_all(self, progress: bool) -> Iterator[tuple[int, int | None, str | None]]:
         raise NotImplementedError
 
     def chunks(self, size: int, start: int = 0) -> Iterator[Chunk]:
@@ -174,11 +190,18 @@ def _bytes_bar(path: Path, show: bool, desc: str):
         total = path.stat().st_size
     except OSError:
         total = None
-    return tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not show,
-                dynamic_ncols=True, leave=False)
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        desc=desc,
+        disable=not show,
+        dynamic_ncols=True,
+        leave=False,
+    )
 
 
-def _lines(path: Path) -> Iterator[Tuple[int, bytes]]:
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """(0-based line index, raw line without its ``\\n``/``\\r\\n``) for every line."""
     with open(path, "rb") as f:
         for index, raw in enumerate(f):
@@ -187,11 +210,11 @@ def _lines(path: Path) -> Iterator[Tuple[int, bytes]]:
                 if raw.endswith(b"\r"):
                     raw = raw[:-1]
             if index == 0 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8):]
+                raw = raw[len(codecs.BOM_UTF8) :]
             yield index, raw
 
 
-def _decode(raw: bytes) -> Tuple[Optional[str], Optional[str]]:
+def _decode(raw: bytes) -> tuple[str | None, str | None]:
     try:
         return raw.decode("utf-8"), None
     except UnicodeDecodeError as exc:
@@ -217,9 +240,9 @@ class TextSource(Source):
                 if cut < 0:
                     carry = block
                     continue
-                body, carry = block[:cut + 1], block[cut + 1:]
+                body, carry = block[: cut + 1], block[cut + 1 :]
                 if first and body.startswith(codecs.BOM_UTF8):
-                    body = body[len(codecs.BOM_UTF8):]
+                    body = body[len(codecs.BOM_UTF8) :]
                 first = False
                 try:
                     body.decode("utf-8")
@@ -235,11 +258,11 @@ class TextSource(Source):
                     index += 1
             if carry:
                 if first and carry.startswith(codecs.BOM_UTF8):
-                    carry = carry[len(codecs.BOM_UTF8):]
+                    carry = carry[len(codecs.BOM_UTF8) :]
                 _, reason = _decode(carry)
                 yield index, index + 1, reason
 
-    def _rows(self) -> Iterator[Tuple[int, Optional[str], dict]]:
+    def _rows(self) -> Iterator[tuple[int, str | None, dict]]:
         for index, raw in _lines(self.path):
             text, _ = _decode(raw)
             yield index, text, {}
@@ -251,7 +274,7 @@ class TextSource(Source):
 class JsonlSource(Source):
     fmt = "jsonl"
 
-    def _parse(self, raw: bytes) -> Tuple[Optional[dict], Optional[str]]:
+    def _parse(self, raw: bytes) -> tuple[dict | None, str | None]:
         text, reason = _decode(raw)
         if reason:
             return None, reason
@@ -292,8 +315,14 @@ class JsonlSource(Source):
 def _json_kind(value, article: bool = False) -> str:
     if value is None:
         return "null"
-    kind = {bool: "boolean", int: "number", float: "number", str: "string", list: "array",
-            dict: "object"}.get(type(value), type(value).__name__)
+    kind = {
+        bool: "boolean",
+        int: "number",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+    }.get(type(value), type(value).__name__)
     if article:
         return ("an " if kind[0] in "aeiou" else "a ") + kind
     return kind
@@ -314,9 +343,11 @@ class CsvSource(Source):
         self.header = self._header()
         missing = [c for c in [self.field, *self.keep] if c not in self.header]
         if missing:
-            raise StreamError(f"{self.name} has no column {missing[0]!r} "
-                              f"(its header: {', '.join(self.header) or 'empty'}); "
-                              "pick one with --column")
+            raise StreamError(
+                f"{self.name} has no column {missing[0]!r} "
+                f"(its header: {', '.join(self.header) or 'empty'}); "
+                "pick one with --column"
+            )
         self.position = self.header.index(self.field)
         self.keep_positions = [self.header.index(c) for c in self.keep]
 
@@ -324,20 +355,21 @@ class CsvSource(Source):
         raw = open(self.path, "rb")
         return io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
 
-    def _header(self) -> List[str]:
+    def _header(self) -> list[str]:
         with self._open() as f:
             try:
                 header = next(csv.reader(f), None)
             except csv.Error as exc:
                 raise StreamError(f"{self.name}: cannot read the CSV header: {exc}") from None
         if not header:
-            raise StreamError(f"{self.name} is empty: a CSV input needs a header row "
-                              "naming its columns")
+            raise StreamError(
+                f"{self.name} is empty: a CSV input needs a header row naming its columns"
+            )
         if any(_SURROGATE.search(name) for name in header):
             raise StreamError(f"{self.name}: the CSV header is not valid UTF-8")
         return header
 
-    def _records(self, bar=None) -> Iterator[Tuple[int, int, Optional[List[str]], Optional[str]]]:
+    def _records(self, bar=None) -> Iterator[tuple[int, int, list[str] | None, str | None]]:
         """(row index, line, fields or None, reason) per data row; blank lines skipped."""
         with self._open() as f:
             reader = csv.reader(f)
@@ -352,16 +384,21 @@ class CsvSource(Source):
                 except StopIteration:
                     return
                 except csv.Error as exc:
-                    raise StreamError(f"{self.name}: line {reader.line_num}: not valid CSV "
-                                      f"({exc})") from None
+                    raise StreamError(
+                        f"{self.name}: line {reader.line_num}: not valid CSV ({exc})"
+                    ) from None
                 if not row:
                     continue
                 line = reader.line_num
                 if bar is not None and index % 4096 == 0:
                     bar.update(f.buffer.tell() - bar.n)
                 if len(row) != len(self.header):
-                    yield index, line, None, (f"has {len(row)} fields, the header has "
-                                              f"{len(self.header)}")
+                    yield (
+                        index,
+                        line,
+                        None,
+                        (f"has {len(row)} fields, the header has {len(self.header)}"),
+                    )
                 elif any(_SURROGATE.search(value) for value in row):
                     yield index, line, None, "is not valid UTF-8 text"
                 else:
@@ -378,16 +415,19 @@ class CsvSource(Source):
             if row is None:
                 yield index, None, {}
             else:
-                yield index, row[self.position], {
-                    name: row[pos] for name, pos in zip(self.keep, self.keep_positions)}
+                yield (
+                    index,
+                    row[self.position],
+                    {name: row[pos] for name, pos in zip(self.keep, self.keep_positions)},
+                )
 
     def chunks(self, size, start=0):
         return _chunked(self._rows(), size, start, self.keep)
 
 
 def _chunked(rows, size: int, start: int, keep: Sequence[str]) -> Iterator[Chunk]:
-    texts: List[Optional[str]] = []
-    kept: Dict[str, list] = {k: [] for k in keep}
+    texts: list[str | None] = []
+    kept: dict[str, list] = {k: [] for k in keep}
     first = start
     for index, text, values in rows:
         if index < start:
@@ -418,13 +458,20 @@ class ParquetSource(Source):
         schema = self.file.schema_arrow
         for name in [self.field, *self.keep]:
             if name not in schema.names:
-                raise StreamError(f"{self.name} has no column {name!r} (its columns: "
-                                  f"{', '.join(schema.names)}); pick one with --column")
+                raise StreamError(
+                    f"{self.name} has no column {name!r} (its columns: "
+                    f"{', '.join(schema.names)}); pick one with --column"
+                )
         kind = schema.field(self.field).type
-        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
-                or getattr(pa.types, "is_string_view", lambda t: False)(kind)):
-            raise StreamError(f"{self.name}: column {self.field!r} holds {kind}, not text; "
-                              "pick the text column with --column")
+        if not (
+            pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+            or getattr(pa.types, "is_string_view", lambda t: False)(kind)
+        ):
+            raise StreamError(
+                f"{self.name}: column {self.field!r} holds {kind}, not text; "
+                "pick the text column with --column"
+            )
         self.rows = self.file.metadata.num_rows
 
     def keep_types(self):
@@ -442,8 +489,9 @@ class ParquetSource(Source):
         groups = list(range(group, meta.num_row_groups))
         if not groups:
             return
-        for batch in self.file.iter_batches(batch_size=batch_size, row_groups=groups,
-                                            columns=columns):
+        for batch in self.file.iter_batches(
+            batch_size=batch_size, row_groups=groups, columns=columns
+        ):
             if skip:
                 if skip >= batch.num_rows:
                     skip -= batch.num_rows
@@ -468,7 +516,7 @@ class ParquetSource(Source):
         import pyarrow as pa
 
         columns = list(dict.fromkeys([self.field, *self.keep]))
-        pending: List = []
+        pending: list = []
         held = 0
         first = start
 
@@ -491,8 +539,7 @@ class ParquetSource(Source):
             yield emit(pa.Table.from_batches(pending))
 
 
-def open_source(path: str, fmt: str, field_name: str = "text",
-                keep: Sequence[str] = ()) -> Source:
+def open_source(path: str, fmt: str, field_name: str = "text", keep: Sequence[str] = ()) -> Source:
     """An input file (``-``: stdin, spooled to a temporary file first)."""
     if path == "-":
         if fmt == "parquet":
@@ -520,12 +567,15 @@ def _make_source(path: Path, display: str, fmt: str, field_name: str, keep) -> S
     keep = list(dict.fromkeys(keep))
     if fmt == "txt":
         if keep:
-            raise StreamError("--keep needs named columns: a .txt input has none "
-                              "(use .jsonl, .csv or .parquet)")
+            raise StreamError(
+                "--keep needs named columns: a .txt input has none (use .jsonl, .csv or .parquet)"
+            )
         return TextSource(path, display, field_name, keep)
     if "id" in keep or "embedding" in keep:
-        raise StreamError("--keep cannot name 'id' or 'embedding': the output has its own "
-                          "(id = the input row number, from 0); rename that input column")
+        raise StreamError(
+            "--keep cannot name 'id' or 'embedding': the output has its own "
+            "(id = the input row number, from 0); rename that input column"
+        )
     cls = {"jsonl": JsonlSource, "csv": CsvSource, "parquet": ParquetSource}[fmt]
     return cls(path, display, field_name, keep)
 
@@ -552,8 +602,15 @@ class Sink:
         self.chunk_size = chunk_size
         self.dir = partial_dir(output)
         self.progress_file = self.dir / "progress.json"
-        self.state = {"version": _PROGRESS_VERSION, "format": self.fmt, "rows": rows, "dim": dim,
-                      "chunk_size": chunk_size, "run": fingerprint, "done": 0}
+        self.state = {
+            "version": _PROGRESS_VERSION,
+            "format": self.fmt,
+            "rows": rows,
+            "dim": dim,
+            "chunk_size": chunk_size,
+            "run": fingerprint,
+            "done": 0,
+        }
 
     fmt = ""
 
@@ -564,11 +621,17 @@ class Sink:
                 raise StreamError(f"--resume works with .npy and .parquet outputs, not .{self.fmt}")
             if self.progress_file.is_file():
                 return self._resume()
-            print(f"bertfast: nothing to resume for {self.output} (no {self.progress_file}); "
-                  "starting from the first row", file=sys.stderr)
+            print(
+                f"bertfast: nothing to resume for {self.output} (no {self.progress_file}); "
+                "starting from the first row",
+                file=sys.stderr,
+            )
         elif self.dir.exists():
-            print(f"bertfast: discarding the unfinished run in {self.dir} "
-                  "(pass --resume to continue it instead)", file=sys.stderr)
+            print(
+                f"bertfast: discarding the unfinished run in {self.dir} "
+                "(pass --resume to continue it instead)",
+                file=sys.stderr,
+            )
         if self.dir.exists():
             shutil.rmtree(self.dir)
         self.dir.mkdir()
@@ -581,21 +644,31 @@ class Sink:
             with open(self.progress_file, encoding="utf-8") as f:
                 saved = json.load(f)
         except (OSError, ValueError) as exc:
-            raise StreamError(f"cannot resume: {self.progress_file} is unreadable ({exc}); "
-                              "run without --resume to start over") from None
-        for key, what in (("version", "progress format"), ("format", "output format"),
-                          ("rows", "input row count"), ("dim", "vector size"),
-                          ("chunk_size", "--chunk-size")):
+            raise StreamError(
+                f"cannot resume: {self.progress_file} is unreadable ({exc}); "
+                "run without --resume to start over"
+            ) from None
+        for key, what in (
+            ("version", "progress format"),
+            ("format", "output format"),
+            ("rows", "input row count"),
+            ("dim", "vector size"),
+            ("chunk_size", "--chunk-size"),
+        ):
             if saved.get(key) != self.state[key]:
-                raise StreamError(f"cannot resume {self.output}: the {what} differs from the "
-                                  f"interrupted run ({saved.get(key)!r} then, {self.state[key]!r} "
-                                  "now); run without --resume to start over")
+                raise StreamError(
+                    f"cannot resume {self.output}: the {what} differs from the "
+                    f"interrupted run ({saved.get(key)!r} then, {self.state[key]!r} "
+                    "now); run without --resume to start over"
+                )
         before, now = saved.get("run", {}), self.state["run"]
         for key in sorted(set(before) | set(now)):
             if before.get(key) != now.get(key):
-                raise StreamError(f"cannot resume {self.output}: {key} differs from the "
-                                  f"interrupted run ({before.get(key)!r} then, {now.get(key)!r} "
-                                  "now); run without --resume to start over")
+                raise StreamError(
+                    f"cannot resume {self.output}: {key} differs from the "
+                    f"interrupted run ({before.get(key)!r} then, {now.get(key)!r} "
+                    "now); run without --resume to start over"
+                )
         done = int(saved.get("done", 0))
         if done % self.chunk_size and done != self.rows:
             raise StreamError(f"cannot resume: {self.progress_file} is inconsistent")
@@ -603,7 +676,7 @@ class Sink:
         self._reopen(done)
         return done
 
-    def write(self, chunk: Chunk, good: List[int], vectors: np.ndarray) -> None:
+    def write(self, chunk: Chunk, good: list[int], vectors: np.ndarray) -> None:
         self._write(chunk, good, vectors)
         self.state["done"] = chunk.start + len(chunk.texts)
         _write_json_atomic(self.progress_file, self.state)
@@ -628,11 +701,15 @@ class NpySink(Sink):
         return self.dir / "data.npy"
 
     def _create(self):
-        header = {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")),
-                  "fortran_order": False, "shape": (self.rows, self.dim)}
+        header = {
+            "descr": np.lib.format.dtype_to_descr(np.dtype("<f4")),
+            "fortran_order": False,
+            "shape": (self.rows, self.dim),
+        }
         with open(self.data, "wb") as f:
-            np.lib.format.write_array_header_1_0(f, header) if self.rows < 2**31 else \
-                np.lib.format.write_array_header_2_0(f, header)
+            np.lib.format.write_array_header_1_0(
+                f, header
+            ) if self.rows < 2**31 else np.lib.format.write_array_header_2_0(f, header)
             self.offset = f.tell()
             f.truncate(self.offset + self.rows * self.dim * 4)  # sparse until written
         self.fd = os.open(self.data, os.O_WRONLY)
@@ -644,13 +721,18 @@ class NpySink(Sink):
         self.offset = int(self.state.get("offset") or 0)
         with open(self.data, "rb") as f:
             version = np.lib.format.read_magic(f)
-            reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                      else np.lib.format.read_array_header_2_0)
+            reader = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
             shape, _, dtype = reader(f)
             self.offset = f.tell()
         if shape != (self.rows, self.dim) or dtype != np.dtype("<f4"):
-            raise StreamError(f"cannot resume: {self.data} has shape {shape}, expected "
-                              f"{(self.rows, self.dim)}; run without --resume")
+            raise StreamError(
+                f"cannot resume: {self.data} has shape {shape}, expected "
+                f"{(self.rows, self.dim)}; run without --resume"
+            )
         self.state["offset"] = self.offset
         self.fd = os.open(self.data, os.O_WRONLY)
 
@@ -714,13 +796,15 @@ class ParquetSink(Sink):
                 except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
                     raise StreamError(
                         f"--keep {name}: the values from row {chunk.start + 1} on do not fit "
-                        f"one column type ({want or 'mixed'}): {exc}") from None
+                        f"one column type ({want or 'mixed'}): {exc}"
+                    ) from None
             else:
                 array = values.take(take)
             columns.append(array)
             names.append(name)
-        flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1),
-                        type=pa.float32())
+        flat = pa.array(
+            np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1), type=pa.float32()
+        )
         columns.append(pa.FixedSizeListArray.from_arrays(flat, self.dim))
         names.append("embedding")
         table = pa.Table.from_arrays(columns, names=names)
@@ -730,8 +814,9 @@ class ParquetSink(Sink):
             try:
                 table = table.cast(self.schema)
             except (pa.ArrowException, ValueError) as exc:
-                raise StreamError(f"--keep: column types change at row {chunk.start + 1}: "
-                                  f"{exc}") from None
+                raise StreamError(
+                    f"--keep: column types change at row {chunk.start + 1}: {exc}"
+                ) from None
         return table
 
     def _write(self, chunk, good, vectors):
@@ -803,14 +888,22 @@ class JsonlSink(Sink):
         return self.data
 
 
-def open_sink(output: Path, rows: int, dim: int, chunk_size: int, fingerprint: dict,
-              keep: Sequence[str] = (), keep_types=None) -> Sink:
+def open_sink(
+    output: Path,
+    rows: int,
+    dim: int,
+    chunk_size: int,
+    fingerprint: dict,
+    keep: Sequence[str] = (),
+    keep_types=None,
+) -> Sink:
     fmt = output_format(str(output))
     if fmt == "npy":
         return NpySink(output, rows, dim, chunk_size, fingerprint)
     if fmt == "parquet":
-        return ParquetSink(output, rows, dim, chunk_size, fingerprint, keep=keep,
-                           keep_types=keep_types)
+        return ParquetSink(
+            output, rows, dim, chunk_size, fingerprint, keep=keep, keep_types=keep_types
+        )
     return JsonlSink(output, rows, dim, chunk_size, fingerprint, keep=keep)
 
 
@@ -820,7 +913,7 @@ class EncodeSummary:
     rows: int  # rows in the input
     encoded: int  # texts encoded by this run (a resumed run counts only its own)
     skipped: int  # bad rows skipped (whole input)
-    bad: List[BadRow]  # the first few of them
+    bad: list[BadRow]  # the first few of them
     resumed_from: int  # first row this run encoded
     seconds: float  # encoding time of this run
 
@@ -834,11 +927,20 @@ def input_fingerprint(path: Path) -> dict:
     return {"input": str(path.resolve()), "input size": st.st_size, "input mtime": st.st_mtime_ns}
 
 
-def encode_stream(embedder, source: Source, output: Path, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                  batch_size: int = 32, normalize: Optional[bool] = None, skip_bad: bool = False,
-                  resume: bool = False, show_progress: Optional[bool] = None,
-                  settings: Optional[dict] = None,
-                  scanned: Optional[Tuple[int, List[BadRow], int]] = None) -> EncodeSummary:
+def encode_stream(
+    embedder,
+    source: Source,
+    output: Path,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    batch_size: int = 32,
+    normalize: bool | None = None,
+    skip_bad: bool = False,
+    resume: bool = False,
+    show_progress: bool | None = None,
+    settings: dict | None = None,
+    scanned: tuple[int, list[BadRow], int] | None = None,
+) -> EncodeSummary:
     """Encode every row of ``source`` into ``output`` chunk by chunk (see the module doc).
 
     ``settings``: what a resumed run must share with the one it continues (model,
@@ -860,26 +962,44 @@ def encode_stream(embedder, source: Source, output: Path, *, chunk_size: int = D
     if source.name != "<stdin>":
         fingerprint.update(input_fingerprint(source.path))
     fingerprint["skip bad rows"] = bool(skip_bad)
-    sink = open_sink(output, rows, embedder.dim, chunk_size, fingerprint, keep=source.keep,
-                     keep_types=source.keep_types())
+    sink = open_sink(
+        output,
+        rows,
+        embedder.dim,
+        chunk_size,
+        fingerprint,
+        keep=source.keep,
+        keep_types=source.keep_types(),
+    )
     start_row = sink.open(resume)
     start = time.perf_counter()
     encoded = 0
-    with tqdm(total=rows, initial=start_row, unit="text", desc="encoding",
-              disable=not show_progress, dynamic_ncols=True, smoothing=0.1) as bar:
+    with tqdm(
+        total=rows,
+        initial=start_row,
+        unit="text",
+        desc="encoding",
+        disable=not show_progress,
+        dynamic_ncols=True,
+        smoothing=0.1,
+    ) as bar:
         for chunk in source.chunks(chunk_size, start_row):
             if chunk.start + len(chunk.texts) > rows:
-                raise StreamError(f"{source.name} changed while it was read "
-                                  f"(more than {rows} rows); run again")
+                raise StreamError(
+                    f"{source.name} changed while it was read (more than {rows} rows); run again"
+                )
             good = [i for i, text in enumerate(chunk.texts) if text is not None]
             if len(good) != len(chunk.texts) and not skip_bad:
                 first = next(i for i, t in enumerate(chunk.texts) if t is None)
-                raise StreamError(f"{source.name} changed while it was read (row "
-                                  f"{chunk.start + first + 1} is now bad); run again")
+                raise StreamError(
+                    f"{source.name} changed while it was read (row "
+                    f"{chunk.start + first + 1} is now bad); run again"
+                )
             texts = [chunk.texts[i] for i in good]
             if texts:
-                vectors = embedder.encode(texts, batch_size=batch_size, normalize=normalize,
-                                          show_progress=False)
+                vectors = embedder.encode(
+                    texts, batch_size=batch_size, normalize=normalize, show_progress=False
+                )
             else:
                 vectors = np.zeros((0, embedder.dim), dtype=np.float32)
             sink.write(chunk, good, vectors)
@@ -887,8 +1007,16 @@ def encode_stream(embedder, source: Source, output: Path, *, chunk_size: int = D
             bar.update(len(chunk.texts))
     done = sink.state["done"]
     if done != rows:
-        raise StreamError(f"{source.name} changed while it was read ({done} rows now, "
-                          f"{rows} when checked); run again")
+        raise StreamError(
+            f"{source.name} changed while it was read ({done} rows now, "
+            f"{rows} when checked); run again"
+        )
     sink.finish()
-    return EncodeSummary(rows=rows, encoded=encoded, skipped=bad_count, bad=listed,
-                         resumed_from=start_row, seconds=time.perf_counter() - start)
+    return EncodeSummary(
+        rows=rows,
+        encoded=encoded,
+        skipped=bad_count,
+        bad=listed,
+        resumed_from=start_row,
+        seconds=time.perf_counter() - start,
+    )

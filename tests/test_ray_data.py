@@ -3,6 +3,7 @@
 
 The reference is :meth:`bertfast.Embedder.encode` of the same texts in this process.
 """
+
 from __future__ import annotations
 
 import os
@@ -69,8 +70,9 @@ def collect(ds, dim):
 
 
 def source(texts, blocks=20):
-    return ray.data.from_items([{"id": i, "text": t} for i, t in enumerate(texts)],
-                               override_num_blocks=blocks)
+    return ray.data.from_items(
+        [{"id": i, "text": t} for i, t in enumerate(texts)], override_num_blocks=blocks
+    )
 
 
 def test_embed_dataset_two_actors(cluster, ckpt, texts, expect):
@@ -108,8 +110,14 @@ def test_actor_killed_mid_run_loses_nothing(cluster, ckpt, texts, expect, tmp_pa
     # The workers cannot import this test module: ship the class by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
-        ds = embed_dataset(source(texts), ckpt, concurrency=2, batch_size=250,
-                           predictor=_DiesOnce, marker=str(marker))
+        ds = embed_dataset(
+            source(texts),
+            ckpt,
+            concurrency=2,
+            batch_size=250,
+            predictor=_DiesOnce,
+            marker=str(marker),
+        )
         ids, vectors = collect(ds, expect.shape[1])
     finally:
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
@@ -132,13 +140,35 @@ def test_predictor_refuses_non_text(cluster, ckpt):
 def test_encode_ray_cli(cluster, ckpt, texts, expect, tmp_path):
     # A real `bertfast encode --ray ADDRESS` process joining this test's cluster.
     source_file = tmp_path / "in.parquet"
-    pq.write_table(pa.table({"doc": [f"doc-{i}" for i in range(N)], "text": texts}),
-                   source_file, row_group_size=700)
+    pq.write_table(
+        pa.table({"doc": [f"doc-{i}" for i in range(N)], "text": texts}),
+        source_file,
+        row_group_size=700,
+    )
     out = tmp_path / "out.parquet"
     result = subprocess.run(
-        [sys.executable, "-m", "bertfast", "encode", str(ckpt), "--input", str(source_file),
-         "--output", str(out), "--keep", "doc", f"--ray={cluster}", "--actors", "2",
-         "--no-progress"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "bertfast",
+            "encode",
+            str(ckpt),
+            "--input",
+            str(source_file),
+            "--output",
+            str(out),
+            "--keep",
+            "doc",
+            f"--ray={cluster}",
+            "--actors",
+            "2",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"encoded {N} texts" in result.stdout
     table = pq.read_table(out)
@@ -151,11 +181,20 @@ def test_encode_ray_cli(cluster, ckpt, texts, expect, tmp_path):
 
 def test_encode_ray_bad_rows(cluster, ckpt, tmp_path, capsys):
     source_file = tmp_path / "nulls.parquet"
-    pq.write_table(pa.table({"text": ["a cat", None, "the dog", None]}), source_file,
-                   row_group_size=2)
+    pq.write_table(
+        pa.table({"text": ["a cat", None, "the dog", None]}), source_file, row_group_size=2
+    )
     out = tmp_path / "out.parquet"
-    args = ["encode", str(ckpt), "--input", str(source_file), "--output", str(out), "--ray",
-            "--no-progress"]
+    args = [
+        "encode",
+        str(ckpt),
+        "--input",
+        str(source_file),
+        "--output",
+        str(out),
+        "--ray",
+        "--no-progress",
+    ]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert "row 2 (id 1) is null" in err and "--skip-bad" in err and "Traceback" not in err

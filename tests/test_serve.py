@@ -4,6 +4,7 @@ localhost, on a local 2-CPU Ray cluster started here.
 The reference is :meth:`bertfast.Embedder.encode` (normalised, as both APIs answer
 by default) of the same texts in this process.
 """
+
 from __future__ import annotations
 
 import base64
@@ -42,8 +43,9 @@ def free_port() -> int:
 def call(base, path, body=None, method=None, raw=None, timeout=120):
     """(status, parsed JSON body) of one HTTP request."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    request = urllib.request.Request(base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
@@ -66,9 +68,23 @@ def test_serve_command(ckpt, reference, tmp_path):
     # (First in this file: it starts its own local cluster before the fixture's.)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bertfast", "serve", "--model", str(ckpt), "--port", str(port),
-         "--max-batch-size", "8"], cwd=tmp_path, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "bertfast",
+            "serve",
+            "--model",
+            str(ckpt),
+            "--port",
+            str(port),
+            "--max-batch-size",
+            "8",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     watchdog = threading.Timer(300, proc.kill)  # a start-up that never ends fails the test
     watchdog.start()
@@ -78,8 +94,9 @@ def test_serve_command(ckpt, reference, tmp_path):
         assert call(base, "/health")[0] == 200
         status, body = call(base, "/embed", {"inputs": ["the cat sat", "hello world"]})
         assert status == 200
-        np.testing.assert_allclose(body, reference.encode(["the cat sat", "hello world"],
-                                                          normalize=True), atol=1e-5)
+        np.testing.assert_allclose(
+            body, reference.encode(["the cat sat", "hello world"], normalize=True), atol=1e-5
+        )
         assert call(base, "/info")[1]["max_batch_size"] == 8
     finally:
         watchdog.cancel()
@@ -98,8 +115,11 @@ def server(ckpt):
     ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(serve_app(ckpt, max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.02),
-              name="bertfast", route_prefix="/")
+    serve.run(
+        serve_app(ckpt, max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.02),
+        name="bertfast",
+        route_prefix="/",
+    )
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
     ray.shutdown()
@@ -148,22 +168,25 @@ def test_openai_endpoint(server, reference):
     np.testing.assert_allclose(body, reference.encode([long_text], normalize=True), atol=1e-5)
 
 
-@pytest.mark.parametrize("path,body,raw,status,words", [
-    ("/embed", None, b"{not json", 400, "not JSON"),
-    ("/embed", {"inputs": []}, None, 400, "empty"),
-    ("/embed", {"inputs": ["ok", 3]}, None, 422, "inputs[1]' must be a string"),
-    ("/embed", {"inputs": [None]}, None, 422, "must be a string, not null"),
-    ("/embed", {"inputs": ["a"] * (MAX_BATCH + 1)}, None, 413, "batch limit"),
-    ("/embed", {"inputs": [" ".join(["cat"] * 200)]}, None, 413, "tokens, more than"),
-    ("/embed", {"text": "no inputs"}, None, 422, "'inputs'"),
-    ("/v1/embeddings", None, b"\xff\xfe", 400, "not JSON"),
-    ("/v1/embeddings", {"input": []}, None, 400, "empty"),
-    ("/v1/embeddings", {"input": ["ok", {"a": 1}]}, None, 400, "must be a string"),
-    ("/v1/embeddings", {"input": ["a"] * (MAX_BATCH + 1)}, None, 400, "batch limit"),
-    ("/v1/embeddings", {"input": " ".join(["cat"] * 200)}, None, 400, "tokens, more than"),
-    ("/v1/embeddings", {"input": [[1, 2, 3]]}, None, 400, "token ids"),
-    ("/nowhere", {"inputs": ["a"]}, None, 404, "no endpoint"),
-])
+@pytest.mark.parametrize(
+    "path,body,raw,status,words",
+    [
+        ("/embed", None, b"{not json", 400, "not JSON"),
+        ("/embed", {"inputs": []}, None, 400, "empty"),
+        ("/embed", {"inputs": ["ok", 3]}, None, 422, "inputs[1]' must be a string"),
+        ("/embed", {"inputs": [None]}, None, 422, "must be a string, not null"),
+        ("/embed", {"inputs": ["a"] * (MAX_BATCH + 1)}, None, 413, "batch limit"),
+        ("/embed", {"inputs": [" ".join(["cat"] * 200)]}, None, 413, "tokens, more than"),
+        ("/embed", {"text": "no inputs"}, None, 422, "'inputs'"),
+        ("/v1/embeddings", None, b"\xff\xfe", 400, "not JSON"),
+        ("/v1/embeddings", {"input": []}, None, 400, "empty"),
+        ("/v1/embeddings", {"input": ["ok", {"a": 1}]}, None, 400, "must be a string"),
+        ("/v1/embeddings", {"input": ["a"] * (MAX_BATCH + 1)}, None, 400, "batch limit"),
+        ("/v1/embeddings", {"input": " ".join(["cat"] * 200)}, None, 400, "tokens, more than"),
+        ("/v1/embeddings", {"input": [[1, 2, 3]]}, None, 400, "token ids"),
+        ("/nowhere", {"inputs": ["a"]}, None, 404, "no endpoint"),
+    ],
+)
 def test_bad_requests_get_4xx(server, path, body, raw, status, words):
     got, reply = call(server, path, body, raw=raw, method="POST")
     assert got == status, reply
