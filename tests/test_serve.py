@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import signal
 import socket
 import subprocess
@@ -35,9 +36,18 @@ LIMIT = 64  # the tiny checkpoint's position table
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port between Ray's worker ports (10002-19999) and Linux's ephemeral range
+    (32768-60999), so that no process Ray starts meanwhile takes it."""
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randint(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 20000 and 32000")
 
 
 def call(base, path, body=None, method=None, raw=None, timeout=120):
@@ -89,8 +99,13 @@ def test_serve_command(ckpt, reference, tmp_path):
     watchdog = threading.Timer(300, proc.kill)  # a start-up that never ends fails the test
     watchdog.start()
     try:
-        ready = proc.stdout.readline()  # printed once the app is running
-        assert ready.startswith("bertfast serve:"), (ready, proc.communicate()[1][-3000:])
+        seen = []
+        for line in proc.stdout:  # "bertfast serve: ..." comes once the app is running
+            seen.append(line)
+            if line.startswith("bertfast serve:"):
+                break
+        else:
+            raise AssertionError((seen[-5:], proc.communicate()[1][-3000:]))
         assert call(base, "/health")[0] == 200
         status, body = call(base, "/embed", {"inputs": ["the cat sat", "hello world"]})
         assert status == 200
