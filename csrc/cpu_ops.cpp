@@ -1,146 +1,248 @@
-// pybind11 bindings of the CPU kernels in kernels/cpu/.
+// bertfast._C.cpu: bindings of the CPU kernels in kernels/cpu/.
 //
-// Every function takes raw addresses (tensor.data_ptr() from bertfast/ops/cpu.py,
-// which has made the tensors contiguous and allocated the outputs), sizes, a
-// dtype code and torch.get_num_threads(); the GIL is released while a kernel runs.
-// Null pointers (0) mean "absent" for optional tensors.
-#include <cstdint>
+// Every entry point takes torch tensors, checks them (csrc/binding.h: device,
+// dtype, contiguity, every size the kernel relies on; a mismatch raises
+// ValueError / TypeError / IndexError naming the op and the argument), allocates
+// its output and runs the kernel with the GIL released on torch's intra-op thread
+// count (torch.get_num_threads()). The argument order is the CUDA side's
+// (csrc/cuda/cuda_ops.cpp), which adds a trailing `stream`.
+#include <ATen/Parallel.h>
 
-#include "registry.h"  // pybind11 first: common.h turns off trapping math after it
+#include "binding.h"
+#include "registry.h"
 
 #include "cpu/common.h"
-
-namespace py = pybind11;
 
 namespace bertfast {
 namespace {
 
-template <typename T = void>
-T* ptr(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
+using namespace binding;
+
+constexpr const char* kBackend = "cpu";
+
+Op cpu_op(const char* name) { return Op(kBackend, name, c10::DeviceType::CPU); }
+
+int threads() { return std::max(1, at::get_num_threads()); }
+
+Tensor embed_layernorm(const Tensor& input_ids, const Tensor& position_ids,
+                       const OptTensor& token_type_ids, const Tensor& word, const Tensor& pos,
+                       const OptTensor& types, const Tensor& weight, const Tensor& bias,
+                       double eps) {
+  Op op = cpu_op("embed_layernorm");
+  const EmbedArgs a = check_embed_layernorm(op, input_ids, position_ids, token_type_ids, word, pos,
+                                            types, weight, bias, eps);
+  Tensor out = at::empty(embed_out_shape(input_ids, a.width), word.options());
+  if (a.tokens == 0 || a.width == 0) return out;
+  // Ids outside their table give a NaN row (the kernel never reads out of bounds).
+  cpu::embed_layernorm(a.dtype, out.data_ptr(), input_ids.const_data_ptr<int64_t>(),
+                       position_ids.const_data_ptr<int64_t>(),
+                       types ? token_type_ids->const_data_ptr<int64_t>() : nullptr,
+                       word.const_data_ptr(), a.vocab, pos.const_data_ptr(), a.num_pos,
+                       types ? types->const_data_ptr() : nullptr, a.num_types,
+                       weight.const_data_ptr(), bias.const_data_ptr(), a.tokens, a.width,
+                       static_cast<float>(eps), threads());
+  return out;
 }
 
-void embed_layernorm(int dtype, uintptr_t out, uintptr_t input_ids, uintptr_t position_ids,
-                     uintptr_t token_type_ids, uintptr_t word, int64_t vocab, uintptr_t pos,
-                     int64_t num_pos, uintptr_t types, int64_t num_types, uintptr_t weight,
-                     uintptr_t bias, int64_t tokens, int64_t width, double eps, int num_threads) {
-  cpu::embed_layernorm(dtype, ptr(out), ptr<const int64_t>(input_ids),
-                       ptr<const int64_t>(position_ids), ptr<const int64_t>(token_type_ids),
-                       ptr(word), vocab, ptr(pos), num_pos, ptr(types), num_types, ptr(weight),
-                       ptr(bias), tokens, width, static_cast<float>(eps), num_threads);
+Tensor add_layernorm(const Tensor& x, const Tensor& residual, const OptTensor& bias,
+                     const Tensor& weight, const Tensor& ln_bias, double eps) {
+  Op op = cpu_op("add_layernorm");
+  const RowsArgs a = check_add_layernorm(op, x, residual, bias, weight, ln_bias, eps);
+  Tensor out = at::empty(x.sizes(), x.options());
+  if (a.rows == 0 || a.width == 0) return out;
+  cpu::add_layernorm(a.dtype, out.data_ptr(), x.const_data_ptr(), residual.const_data_ptr(),
+                     bias ? bias->const_data_ptr() : nullptr, weight.const_data_ptr(),
+                     ln_bias.const_data_ptr(), a.rows, a.width, static_cast<float>(eps), threads());
+  return out;
 }
 
-void add_layernorm(int dtype, uintptr_t out, uintptr_t x, uintptr_t residual, uintptr_t bias,
-                   uintptr_t weight, uintptr_t ln_bias, int64_t rows, int64_t hidden, double eps,
-                   int num_threads) {
-  cpu::add_layernorm(dtype, ptr(out), ptr(x), ptr(residual), ptr(bias), ptr(weight),
-                     ptr(ln_bias), rows, hidden, static_cast<float>(eps), num_threads);
+Tensor bias_act(const Tensor& x, const OptTensor& bias, const std::string& activation,
+                bool inplace) {
+  Op op = cpu_op("bias_act");
+  const BiasActArgs a = check_bias_act(op, x, bias, activation);
+  Tensor out = inplace ? x : at::empty(x.sizes(), x.options());
+  if (a.rows == 0 || a.width == 0) return out;
+  cpu::bias_act(a.dtype, out.data_ptr(), x.const_data_ptr(),
+                bias ? bias->const_data_ptr() : nullptr, a.rows, a.width, a.activation, threads());
+  return out;
 }
 
-void bias_act(int dtype, uintptr_t out, uintptr_t x, uintptr_t bias, int64_t rows, int64_t cols,
-              int activation, int num_threads) {
-  cpu::bias_act(dtype, ptr(out), ptr(x), ptr(bias), rows, cols, activation, num_threads);
+Tensor attention(const Tensor& qkv, const OptTensor& mask, int64_t num_heads, double scale) {
+  Op op = cpu_op("attention");
+  const AttentionArgs a = check_attention(op, qkv, mask, num_heads);
+  Tensor out = at::empty({a.batch, a.seqlen, a.hidden}, qkv.options());
+  if (out.numel() == 0) return out;
+  cpu::attention_padded(a.dtype, out.data_ptr(), qkv.const_data_ptr(),
+                        mask ? static_cast<const uint8_t*>(mask->const_data_ptr()) : nullptr,
+                        a.batch, a.seqlen, a.num_heads, a.hidden, static_cast<float>(scale),
+                        threads());
+  return out;
 }
 
-void attention(int dtype, uintptr_t out, uintptr_t qkv, uintptr_t mask, int64_t batch,
-               int64_t seqlen, int64_t num_heads, int64_t hidden, double scale,
-               int num_threads) {
-  cpu::attention_padded(dtype, ptr(out), ptr(qkv), ptr<const uint8_t>(mask), batch, seqlen,
-                        num_heads, hidden, static_cast<float>(scale), num_threads);
+Tensor attention_varlen(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max_seqlen,
+                        int64_t num_heads, double scale) {
+  Op op = cpu_op("attention_varlen");
+  const AttentionArgs a = check_attention_varlen(op, qkv, cu_seqlens, max_seqlen, num_heads);
+  // cu_seqlens must rise from 0 to the token count (IndexError otherwise) and no
+  // sequence may be longer than max_seqlen (the CUDA kernel sizes its grid by it).
+  const int32_t* cu = cu_seqlens.const_data_ptr<int32_t>();
+  if (cu[0] != 0 || cu[a.batch] != a.tokens)
+    op.index_error("cu_seqlens must rise from 0 to the token count " + std::to_string(a.tokens) +
+                   ", got " + std::to_string(cu[0]) + " .. " + std::to_string(cu[a.batch]));
+  for (int64_t b = 0; b < a.batch; ++b) {
+    if (cu[b + 1] < cu[b])
+      op.index_error("cu_seqlens falls at entry " + std::to_string(b + 1) + " (" +
+                     std::to_string(cu[b]) + " -> " + std::to_string(cu[b + 1]) + ")");
+    if (int64_t(cu[b + 1]) - cu[b] > max_seqlen)
+      op.value_error("sequence " + std::to_string(b) +
+                     " is longer than max_seqlen=" + std::to_string(max_seqlen));
+  }
+  Tensor out = at::empty({a.tokens, a.hidden}, qkv.options());
+  if (a.hidden == 0) return out;
+  cpu::attention_varlen(a.dtype, out.data_ptr(), qkv.const_data_ptr(), cu, a.batch, a.tokens,
+                        a.num_heads, a.hidden, static_cast<float>(scale), threads());
+  return out;
 }
 
-void attention_varlen(int dtype, uintptr_t out, uintptr_t qkv, uintptr_t cu_seqlens,
-                      int64_t batch, int64_t tokens, int64_t num_heads, int64_t hidden,
-                      double scale, int num_threads) {
-  cpu::attention_varlen(dtype, ptr(out), ptr(qkv), ptr<const int32_t>(cu_seqlens), batch,
-                        tokens, num_heads, hidden, static_cast<float>(scale), num_threads);
+Tensor pack_rows(const Tensor& x, const Tensor& indices) {
+  Op op = cpu_op("pack_rows");
+  const RowMoveArgs a = check_pack_rows(op, x, indices);
+  Tensor out = at::empty(rows_shape(x, a.num_indices), x.options());
+  // Raises IndexError for an index outside [0, x.shape[0]) before copying anything.
+  cpu::pack_rows(out.data_ptr(), x.const_data_ptr(), indices.const_data_ptr<int64_t>(),
+                 a.num_indices, x.size(0), a.row_bytes, threads());
+  return out;
 }
 
-void linear_act(uintptr_t out, uintptr_t x, uintptr_t weight, uintptr_t bias, int64_t M,
-                int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads) {
-  cpu::linear_act(ptr(out), ptr(x), ptr(weight), ptr(bias), M, N, K, activation, allow_avx512,
-                  num_threads);
+Tensor unpack_rows(const Tensor& x, const Tensor& indices, int64_t num_rows) {
+  Op op = cpu_op("unpack_rows");
+  const RowMoveArgs a = check_unpack_rows(op, x, indices, num_rows);
+  Tensor out = at::empty(rows_shape(x, num_rows), x.options());
+  cpu::unpack_rows(out.data_ptr(), x.const_data_ptr(), indices.const_data_ptr<int64_t>(),
+                   a.num_indices, num_rows, a.row_bytes, threads());
+  return out;
 }
 
-void linear_pack(uintptr_t packed, uintptr_t weight, int64_t N, int64_t K, bool allow_avx512,
-                 int num_threads) {
-  cpu::linear_pack(ptr(packed), ptr(weight), N, K, allow_avx512, num_threads);
+// ---------------------------------------------------------------- GEMM (fp32, CPU only)
+struct LinearArgs {
+  int activation;
+  int64_t M, N, K;
+};
+
+LinearArgs check_linear(Op& op, const Tensor& x, int64_t N, const OptTensor& bias,
+                        const std::optional<std::string>& activation) {
+  LinearArgs a{};
+  op.tensor(x, "x", at::kFloat);
+  op.min_dims(x, "x", 1);
+  a.K = x.size(-1);
+  a.M = 1;  // the leading dims (also when K == 0: then out = act(bias))
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) a.M *= x.size(d);
+  a.N = N;
+  if (bias) {
+    op.tensor(*bias, "bias", at::kFloat);
+    op.dims(*bias, "bias", 1);
+    op.size(*bias, "bias", 0, N, "out_features");
+  }
+  a.activation = op.activation(activation, /*allow_none=*/true);
+  return a;
 }
 
-void linear_packed(uintptr_t out, uintptr_t x, uintptr_t packed, uintptr_t bias, int64_t M,
-                   int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads) {
-  cpu::linear_packed(ptr(out), ptr(x), ptr(packed), ptr(bias), M, N, K, activation,
-                     allow_avx512, num_threads);
+std::vector<int64_t> linear_out_shape(const Tensor& x, int64_t N) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  return shape;
 }
 
-void pack_rows(uintptr_t out, uintptr_t x, uintptr_t indices, int64_t num_indices,
-               int64_t src_rows, int64_t row_bytes, int num_threads) {
-  cpu::pack_rows(ptr(out), ptr(x), ptr<const int64_t>(indices), num_indices, src_rows,
-                 row_bytes, num_threads);
+Tensor linear_act(const Tensor& x, const Tensor& weight, const OptTensor& bias,
+                  const std::optional<std::string>& activation, bool allow_avx512) {
+  Op op = cpu_op("linear_act");
+  op.tensor(weight, "weight", at::kFloat);
+  op.dims(weight, "weight", 2);
+  const LinearArgs a = check_linear(op, x, weight.size(0), bias, activation);
+  op.size(weight, "weight", 1, a.K, "x's last dimension");
+  Tensor out = at::empty(linear_out_shape(x, a.N), x.options());
+  if (out.numel() == 0) return out;
+  cpu::linear_act(out.data_ptr(), x.const_data_ptr(), weight.const_data_ptr(),
+                  bias ? bias->const_data_ptr() : nullptr, a.M, a.N, a.K, a.activation,
+                  allow_avx512, threads());
+  return out;
 }
 
-void unpack_rows(uintptr_t out, uintptr_t x, uintptr_t indices, int64_t num_indices,
-                 int64_t num_rows, int64_t row_bytes, int num_threads) {
-  cpu::unpack_rows(ptr(out), ptr(x), ptr<const int64_t>(indices), num_indices, num_rows,
-                   row_bytes, num_threads);
+// packed: [ceil(N / panel) , K, panel] floats, panel = linear_panel_width(allow_avx512).
+Tensor linear_pack(const Tensor& weight, bool allow_avx512) {
+  Op op = cpu_op("linear_pack");
+  op.tensor(weight, "weight", at::kFloat);
+  op.dims(weight, "weight", 2);
+  const int64_t N = weight.size(0), K = weight.size(1);
+  const int64_t panel = cpu::linear_panel_width(allow_avx512);
+  Tensor packed = at::empty({(N + panel - 1) / panel, K, panel}, weight.options());
+  if (packed.numel() == 0) return packed;
+  cpu::linear_pack(packed.data_ptr(), weight.const_data_ptr(), N, K, allow_avx512, threads());
+  return packed;
+}
+
+Tensor linear_packed(const Tensor& x, const Tensor& packed, const OptTensor& bias,
+                     int64_t out_features, const std::optional<std::string>& activation,
+                     bool allow_avx512) {
+  Op op = cpu_op("linear_packed");
+  if (out_features < 0)
+    op.value_error("out_features must be >= 0, got " + std::to_string(out_features));
+  const LinearArgs a = check_linear(op, x, out_features, bias, activation);
+  op.tensor(packed, "packed", at::kFloat);
+  op.dims(packed, "packed", 3);
+  const int64_t panel = cpu::linear_panel_width(allow_avx512);
+  op.size(packed, "packed", 2, panel, "panel width of the GEMM for this allow_avx512");
+  op.size(packed, "packed", 1, a.K, "x's last dimension");
+  op.size(packed, "packed", 0, (a.N + panel - 1) / panel, "panels for out_features");
+  Tensor out = at::empty(linear_out_shape(x, a.N), x.options());
+  if (out.numel() == 0) return out;
+  cpu::linear_packed(out.data_ptr(), x.const_data_ptr(), packed.const_data_ptr(),
+                     bias ? bias->const_data_ptr() : nullptr, a.M, a.N, a.K, a.activation,
+                     allow_avx512, threads());
+  return out;
 }
 
 }  // namespace
 
 void register_cpu_ops(pybind11::module_& m) {
+  using py::arg;
   auto cpu = m.def_submodule("cpu", "C++ CPU kernels (kernels/cpu/); see bertfast/ops/cpu.py");
-  using release = py::call_guard<py::gil_scoped_release>;
-  cpu.def("embed_layernorm", &embed_layernorm, release(),
-          "out[t] = LayerNorm(word[ids[t]] + types[tt[t]] + pos[p[t]]); NaN row for an id out of range",
-          py::arg("dtype"), py::arg("out"), py::arg("input_ids"), py::arg("position_ids"),
-          py::arg("token_type_ids"), py::arg("word"), py::arg("vocab"), py::arg("pos"),
-          py::arg("num_pos"), py::arg("types"), py::arg("num_types"), py::arg("weight"),
-          py::arg("bias"), py::arg("tokens"), py::arg("width"), py::arg("eps"),
-          py::arg("num_threads"));
-  cpu.def("add_layernorm", &add_layernorm, release(),
-          "out = LayerNorm((x + bias) + residual) over rows of `hidden`", py::arg("dtype"),
-          py::arg("out"), py::arg("x"), py::arg("residual"), py::arg("bias"), py::arg("weight"),
-          py::arg("ln_bias"), py::arg("rows"), py::arg("hidden"), py::arg("eps"),
-          py::arg("num_threads"));
-  cpu.def("bias_act", &bias_act, release(),
-          "out = act(x + bias) over [rows, cols]; out may equal x; act 0 gelu, 1 gelu_tanh, 2 relu",
-          py::arg("dtype"), py::arg("out"), py::arg("x"), py::arg("bias"), py::arg("rows"),
-          py::arg("cols"), py::arg("activation"), py::arg("num_threads"));
-  cpu.def("attention", &attention, release(),
-          "padded attention over qkv [B, S, 3H] with key-padding mask [B, S] (uint8) -> [B, S, H]",
-          py::arg("dtype"), py::arg("out"), py::arg("qkv"), py::arg("mask"), py::arg("batch"),
-          py::arg("seqlen"), py::arg("num_heads"), py::arg("hidden"), py::arg("scale"),
-          py::arg("num_threads"));
-  cpu.def("attention_varlen", &attention_varlen, release(),
-          "packed attention over qkv [T, 3H] with cu_seqlens [B + 1] (int32) -> [T, H]",
-          py::arg("dtype"), py::arg("out"), py::arg("qkv"), py::arg("cu_seqlens"),
-          py::arg("batch"), py::arg("tokens"), py::arg("num_heads"), py::arg("hidden"),
-          py::arg("scale"), py::arg("num_threads"));
-  cpu.def("linear_act", &linear_act, release(),
-          "fp32 out[M, N] = act(x[M, K] @ weight[N, K]^T + bias); act -1 none, 0 gelu, 1 gelu_tanh, "
-          "2 relu; allow_avx512=False forces the AVX2 kernel",
-          py::arg("out"), py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("M"),
-          py::arg("N"), py::arg("K"), py::arg("activation"), py::arg("allow_avx512") = true,
-          py::arg("num_threads") = 1);
+  cpu.def("embed_layernorm", &embed_layernorm, release_gil(),
+          "LayerNorm(word[ids] + types[tt] + pos[p]) -> [*ids.shape, E]; a NaN row for an id "
+          "outside its table",
+          arg("input_ids"), arg("position_ids"), arg("token_type_ids"), arg("word"), arg("pos"),
+          arg("types"), arg("weight"), arg("bias"), arg("eps"));
+  cpu.def("add_layernorm", &add_layernorm, release_gil(),
+          "LayerNorm((x + bias) + residual) over the last dim", arg("x"), arg("residual"),
+          arg("bias"), arg("weight"), arg("ln_bias"), arg("eps"));
+  cpu.def("bias_act", &bias_act, release_gil(),
+          "act(x + bias) over the last dim (gelu, gelu_tanh, relu); inplace writes into x",
+          arg("x"), arg("bias"), arg("activation"), arg("inplace"));
+  cpu.def("attention", &attention, release_gil(),
+          "attention over qkv [B, S, 3H], key mask [B, S] (bool/uint8, optional) -> [B, S, H]",
+          arg("qkv"), arg("mask"), arg("num_heads"), arg("scale"));
+  cpu.def("attention_varlen", &attention_varlen, release_gil(),
+          "attention over packed qkv [T, 3H] with cu_seqlens [B + 1] (int32) -> [T, H]", arg("qkv"),
+          arg("cu_seqlens"), arg("max_seqlen"), arg("num_heads"), arg("scale"));
+  cpu.def("pack_rows", &pack_rows, release_gil(), "x[indices] (IndexError out of range)", arg("x"),
+          arg("indices"));
+  cpu.def("unpack_rows", &unpack_rows, release_gil(),
+          "out[indices[i]] = x[i], zero rows elsewhere, num_rows rows", arg("x"), arg("indices"),
+          arg("num_rows"));
+  cpu.def("linear_act", &linear_act, release_gil(),
+          "fp32 act(x @ weight.T + bias), activation None/gelu/gelu_tanh/relu; "
+          "allow_avx512=False forces the AVX2 kernel",
+          arg("x"), arg("weight"), arg("bias"), arg("activation"), arg("allow_avx512") = true);
   cpu.def("linear_panel_width", &cpu::linear_panel_width,
           "columns per packed weight panel of the GEMM this CPU runs (32 AVX-512, 16 AVX2)",
-          py::arg("allow_avx512") = true);
-  cpu.def("linear_pack", &linear_pack, release(),
-          "pack weight [N, K] into ceil(N / panel_width) * panel_width * K floats",
-          py::arg("packed"), py::arg("weight"), py::arg("N"), py::arg("K"),
-          py::arg("allow_avx512") = true, py::arg("num_threads") = 1);
-  cpu.def("linear_packed", &linear_packed, release(),
-          "linear_act with a weight packed by linear_pack (same allow_avx512)", py::arg("out"),
-          py::arg("x"), py::arg("packed"), py::arg("bias"), py::arg("M"), py::arg("N"),
-          py::arg("K"), py::arg("activation"), py::arg("allow_avx512") = true,
-          py::arg("num_threads") = 1);
-  cpu.def("pack_rows", &pack_rows, release(), "out[i] = x[indices[i]] (rows of row_bytes)",
-          py::arg("out"), py::arg("x"), py::arg("indices"), py::arg("num_indices"),
-          py::arg("src_rows"), py::arg("row_bytes"), py::arg("num_threads"));
-  cpu.def("unpack_rows", &unpack_rows, release(),
-          "out[indices[i]] = x[i], zero rows elsewhere (rows of row_bytes)", py::arg("out"),
-          py::arg("x"), py::arg("indices"), py::arg("num_indices"), py::arg("num_rows"),
-          py::arg("row_bytes"), py::arg("num_threads"));
+          arg("allow_avx512") = true);
+  cpu.def("linear_pack", &linear_pack, release_gil(),
+          "weight [N, K] packed for linear_packed: [ceil(N / panel), K, panel]", arg("weight"),
+          arg("allow_avx512") = true);
+  cpu.def("linear_packed", &linear_packed, release_gil(),
+          "linear_act with a weight packed by linear_pack (same allow_avx512)", arg("x"),
+          arg("packed"), arg("bias"), arg("out_features"), arg("activation"),
+          arg("allow_avx512") = true);
 }
 
 }  // namespace bertfast

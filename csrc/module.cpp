@@ -1,15 +1,16 @@
-// bertfast._C: the native kernels, bound through pybind11.
+// bertfast._C: the native kernels, bound through pybind11 (torch's bundled copy,
+// the one its at::Tensor caster is written for).
 //
-// The module does not link libtorch. The Python wrappers (bertfast/ops/cpu.py,
-// bertfast/ops/cuda.py) validate device, dtype, contiguity and shapes, allocate
-// outputs with torch and pass raw pointers, sizes and (for CUDA) the stream.
+// Submodules: _C.cpu (csrc/cpu_ops.cpp) and, when nvcc was found at build time,
+// _C.cuda (csrc/cuda/cuda_ops.cpp). Both take torch tensors, check them and raise a
+// Python exception naming the op and the argument on any mismatch. Here: what the
+// build contains and the constants of csrc/constants.h.
 #include <pybind11/pybind11.h>
 
-#include "registry.h"
+#include <iterator>
 
-#ifdef BERTFAST_WITH_OPENMP
-#include <omp.h>
-#endif
+#include "constants.h"
+#include "registry.h"
 
 namespace py = pybind11;
 
@@ -20,7 +21,9 @@ namespace py = pybind11;
 #define BERTFAST_CUDA_STATUS "unknown"
 #endif
 
-static py::dict build_info() {
+namespace {
+
+py::dict build_info() {
   py::dict info;
   info["cxx_compiler"] = BERTFAST_CXX_COMPILER;
   info["cuda_status"] = BERTFAST_CUDA_STATUS;
@@ -41,10 +44,38 @@ static py::dict build_info() {
   return info;
 }
 
+template <typename Names>
+py::tuple names(const Names& list) {
+  py::tuple t(std::size(list));
+  for (size_t i = 0; i < std::size(list); ++i) t[i] = py::str(list[i]);
+  return t;
+}
+
+py::dict constants() {
+  using namespace bertfast;
+  py::dict c;
+  c["dtypes"] = names(kDTypeNames);            // code = index
+  c["activations"] = names(kActivationNames);  // code = index
+  c["no_activation"] = static_cast<int>(kNoActivation);
+  py::tuple dims(CudaAttentionHeadDims::kSize);
+  for (int i = 0; i < CudaAttentionHeadDims::kSize; ++i)
+    dims[i] = CudaAttentionHeadDims::kValues[i];
+  c["cuda_attention_head_dims"] = dims;
+  c["max_layernorm_width"] = kMaxLayerNormWidth;
+  c["max_grid_yz"] = kMaxGridYZ;
+  c["max_cuda_seqlen"] = kMaxCudaSeqLen;
+  c["max_cuda_rows"] = kMaxCudaRows;
+  return c;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "bertfast native kernels (C++ CPU and CUDA C++)";
   m.def("build_info", &build_info,
         "What this build contains: C++ compiler, OpenMP, CUDA version and architectures.");
+  m.def("constants", &constants,
+        "dtype and activation codes, CUDA head dims and size limits (csrc/constants.h)");
   bertfast::register_cpu_ops(m);
 #ifdef BERTFAST_WITH_CUDA
   bertfast::register_cuda_ops(m);

@@ -46,7 +46,7 @@ def test_cuda_built_when_nvcc_present():
         assert "sm_90" in info["cuda_archs"], info["cuda_archs"]
     from bertfast import _C
 
-    for name in ("embed_layernorm", "add_layernorm", "bias_act", "attention", "pack_rows",
-                 "unpack_rows", "device_count"):
+    for name in ("embed_layernorm", "add_layernorm", "bias_act", "attention",
+                 "attention_varlen", "pack_rows", "unpack_rows", "device_count"):
         assert hasattr(_C.cuda, name), f"bertfast._C.cuda.{name} missing"
-    assert isinstance(_C.cuda_device_count(), int)
+    assert isinstance(_C.cuda.device_count(), int)

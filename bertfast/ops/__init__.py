@@ -47,7 +47,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import checks, dispatch, reference
+from . import checks, cpu_weights, dispatch, reference
 from .dispatch import BACKEND_NAMES, BackendError, backend_status
 from .padding import PackInfo, pack_info, pack_info_from_counts
 
@@ -233,6 +233,8 @@ def _(x, weight, *rest):
 
 
 def linear(x, weight, bias=None, backend: str = "auto") -> Tensor:
+    if torch.compiler.is_compiling() and cpu_weights.is_packed(weight):
+        return _linear_packed.op(x, weight._packed, bias, weight._out_features, None)
     return _linear.run(x, weight, bias, backend)
 
 
@@ -250,7 +252,24 @@ def _(x, weight, *rest):
 
 
 def linear_gelu(x, weight, bias=None, activation: str = "gelu", backend: str = "auto") -> Tensor:
+    if torch.compiler.is_compiling() and cpu_weights.is_packed(weight):
+        return _linear_packed.op(x, weight._packed, bias, weight._out_features, activation)
     return _linear_gelu.run(x, weight, bias, activation, backend)
+
+
+# ---------------------------------------------------------------- linear_packed
+# Under torch.compile a model-owned PackedWeight (cpu_weights.py) cannot enter the
+# graph as a tensor subclass; its plain panel tensor goes to this op instead. In
+# eager mode ``linear``/``linear_gelu`` take the PackedWeight directly.
+@_op("linear_packed", ())
+def _linear_packed(x: Tensor, packed: Tensor, bias: Optional[Tensor], out_features: int,
+                   activation: Optional[str]) -> Tensor:
+    return cpu_weights.linear_panels(x, packed, bias, out_features, activation)
+
+
+@_linear_packed.register_fake
+def _(x, packed, bias, out_features, activation):
+    return x.new_empty(tuple(x.shape[:-1]) + (out_features,))
 
 
 # ---------------------------------------------------------------- attention

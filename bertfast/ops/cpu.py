@@ -1,9 +1,10 @@
 """The ``cpu`` backend: C++ kernels in ``kernels/cpu/``, bound as ``bertfast._C.cpu``.
 
-Three tiers per op: the raw kernel (C++, one file per kernel), the host launcher
-here (makes inputs contiguous, allocates outputs with torch, passes
-``data_ptr()`` addresses, sizes and ``torch.get_num_threads()``; the C++ side
-releases the GIL), and the registered op in ``bertfast/ops/__init__.py``.
+Three tiers per op: the raw kernel (C++, one file per kernel), its binding
+(``csrc/cpu_ops.cpp``: takes tensors, checks every size the kernel relies on,
+allocates the output, runs on ``torch.get_num_threads()`` threads with the GIL
+released), and the launcher here, which makes operands contiguous and passes them
+on; the registered op is in ``bertfast/ops/__init__.py``.
 
 Storage dtypes fp32, fp16 and bf16, math in fp32. ``linear`` / ``linear_gelu`` in
 fp32 run the C++ GEMM with bias + activation fused in its epilogue on weights a
@@ -11,6 +12,7 @@ loaded model owns packed (``cpu_weights.PackedWeight``), and ``F.linear`` + the
 bias/activation kernel on any other weight, read afresh at every call (no cache;
 see ``cpu_weights.py``); in fp16 / bf16 they are ``torch.matmul`` + that kernel.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,81 +23,66 @@ from torch import Tensor
 
 from . import cpu_weights as _weights
 from .dispatch import Backend
-from .native import ACT_CODES as _ACT_CODES
-from .native import DTYPE_CODES as _DTYPE_CODES
-from .native import add_layernorm_operands, contig as _c, embed_operands, ptr as _ptr
+from .native import (
+    _C,
+    ACTIVATIONS,
+    DTYPES,
+    IMPORT_ERROR,
+    add_layernorm_operands,
+    embed_operands,
+    mask_operand,
+)
+from .native import (
+    contig as _c,
+)
 
-try:  # the backend stays importable (and says why) without a native build
-    from .. import _C as _native
-
-    _kernels = _native.cpu
-    _IMPORT_ERROR: Optional[str] = None
-except (ImportError, AttributeError) as exc:  # pragma: no cover - only without a build
-    _kernels = None
-    _IMPORT_ERROR = f"bertfast._C CPU kernels are not built ({exc})"
-
-
-
-def _threads() -> int:
-    return max(1, torch.get_num_threads())
-
-
-
+_kernels = _C.cpu if _C is not None else None
 
 
 # ---------------------------------------------------------------- LayerNorm
-def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings,
-                    position_embeddings, token_type_embeddings, weight, bias, eps):
-    out, ids, pids, tids, word, pos, types, w, b = embed_operands(
-        input_ids, position_ids, token_type_ids, word_embeddings, position_embeddings,
-        token_type_embeddings, weight, bias)
-    E = word.shape[1]
-    if out.numel() == 0:
-        return out
-    _kernels.embed_layernorm(
-        _DTYPE_CODES[word.dtype], out.data_ptr(), ids.data_ptr(), pids.data_ptr(), _ptr(tids),
-        word.data_ptr(), word.shape[0], pos.data_ptr(), pos.shape[0], _ptr(types),
-        0 if types is None else types.shape[0], w.data_ptr(), b.data_ptr(), ids.numel(), E,
-        float(eps), _threads())
-    return out
+def embed_layernorm(
+    input_ids,
+    position_ids,
+    token_type_ids,
+    word_embeddings,
+    position_embeddings,
+    token_type_embeddings,
+    weight,
+    bias,
+    eps,
+):
+    return _kernels.embed_layernorm(
+        *embed_operands(
+            input_ids,
+            position_ids,
+            token_type_ids,
+            word_embeddings,
+            position_embeddings,
+            token_type_embeddings,
+            weight,
+            bias,
+        ),
+        float(eps),
+    )
 
 
 def add_layernorm(x, residual, bias, weight, ln_bias, eps):
-    out, x, residual, bias, weight, ln_bias = add_layernorm_operands(x, residual, bias, weight,
-                                                                    ln_bias)
-    H = x.shape[-1]
-    if x.numel() == 0:
-        return out
-    _kernels.add_layernorm(
-        _DTYPE_CODES[x.dtype], out.data_ptr(), x.data_ptr(), residual.data_ptr(), _ptr(bias),
-        weight.data_ptr(), ln_bias.data_ptr(), x.numel() // H, H, float(eps), _threads())
-    return out
+    return _kernels.add_layernorm(
+        *add_layernorm_operands(x, residual, bias, weight, ln_bias), float(eps)
+    )
 
 
 # ---------------------------------------------------------------- bias + activation
-def _bias_act(out: Tensor, x: Tensor, bias: Optional[Tensor], act: str) -> None:
-    N = x.shape[-1]
-    if x.numel() == 0:
-        return
-    _kernels.bias_act(_DTYPE_CODES[x.dtype], out.data_ptr(), x.data_ptr(), _ptr(bias),
-                      x.numel() // N, N, _ACT_CODES[act], _threads())
-
-
 def bias_gelu(x, bias, act):
-    x, bias = x.contiguous(), _c(bias)
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    _bias_act(out, x, bias, act)
-    return out
+    return _kernels.bias_act(x.contiguous(), _c(bias), act, False)
 
 
 def bias_gelu_(x, bias, act):
     bias = _c(bias)
     if x.is_contiguous():
-        _bias_act(x, x, bias, act)
+        _kernels.bias_act(x, bias, act, True)
     else:  # compute on a contiguous copy, then write back through x's strides
-        tmp = x.contiguous()
-        _bias_act(tmp, tmp, bias, act)
-        x.copy_(tmp)
+        x.copy_(_kernels.bias_act(x.contiguous(), bias, act, True))
 
 
 def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
@@ -115,15 +102,9 @@ def linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
     if packed is None:
         out = torch.nn.functional.linear(x, weight, None if act is not None else bias)
         if act is not None and out.numel():
-            _bias_act(out, out, bias, act)
+            _kernels.bias_act(out, bias, act, True)
         return out
-    out = x.new_empty(tuple(x.shape[:-1]) + (N,))
-    if out.numel() == 0:
-        return out
-    _kernels.linear_packed(out.data_ptr(), x.data_ptr(), packed.data_ptr(), _ptr(bias),
-                           out.numel() // N, N, K, -1 if act is None else _ACT_CODES[act],
-                           True, _threads())
-    return out
+    return _weights.linear_panels(x, packed, bias, N, act)
 
 
 #: ``BERTFAST_CPU_GEMM=torch`` sends every fp32 GEMM to torch (``F.linear``), and
@@ -150,71 +131,38 @@ def linear_gelu(x, weight, bias, act):
 
 # ---------------------------------------------------------------- attention
 def attention(qkv, attention_mask, num_heads, scale):
-    B, S, H3 = qkv.shape
-    qkv = qkv.contiguous()
-    out = qkv.new_empty((B, S, H3 // 3))
-    if out.numel() == 0:
-        return out
-    mask = None
-    if attention_mask is not None:
-        mask = (attention_mask != 0).contiguous().view(torch.uint8)
-    _kernels.attention(_DTYPE_CODES[qkv.dtype], out.data_ptr(), qkv.data_ptr(), _ptr(mask),
-                       B, S, int(num_heads), H3 // 3, float(scale), _threads())
-    return out
+    return _kernels.attention(
+        qkv.contiguous(), mask_operand(attention_mask), int(num_heads), float(scale)
+    )
 
 
 def attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
-    T, H3 = qkv.shape
-    qkv = qkv.contiguous()
-    cu = cu_seqlens.contiguous()
-    out = qkv.new_empty((T, H3 // 3))
-    if H3 == 0:
-        return out
-    _kernels.attention_varlen(_DTYPE_CODES[qkv.dtype], out.data_ptr(), qkv.data_ptr(),
-                              cu.data_ptr(), cu.numel() - 1, T, int(num_heads), H3 // 3,
-                              float(scale), _threads())
-    return out
+    return _kernels.attention_varlen(
+        qkv.contiguous(), cu_seqlens.contiguous(), int(max_seqlen), int(num_heads), float(scale)
+    )
 
 
 # ---------------------------------------------------------------- pack / unpack
-def _row_bytes(x: Tensor) -> int:
-    return x[0].numel() * x.element_size() if x.shape[0] else 0
-
-
 def pack_tokens(x, indices):
-    x, idx = x.contiguous(), indices.contiguous()
-    out = x.new_empty((idx.shape[0],) + tuple(x.shape[1:]))
-    if out.numel() == 0:
-        return out
-    _kernels.pack_rows(out.data_ptr(), x.data_ptr(), idx.data_ptr(), idx.shape[0], x.shape[0],
-                       _row_bytes(x), _threads())
-    return out
+    return _kernels.pack_rows(x.contiguous(), indices.contiguous())
 
 
 def unpack_tokens(x, indices, num_rows):
-    x, idx = x.contiguous(), indices.contiguous()
-    out = x.new_empty((num_rows,) + tuple(x.shape[1:]))
-    if out.numel() == 0:
-        return out
-    row_bytes = out[0].numel() * out.element_size()
-    _kernels.unpack_rows(out.data_ptr(), x.data_ptr(), idx.data_ptr(), idx.shape[0], num_rows,
-                         row_bytes, _threads())
-    return out
+    return _kernels.unpack_rows(x.contiguous(), indices.contiguous(), int(num_rows))
 
 
 # ---------------------------------------------------------------- support checks
-def _unavailable(device_type: str) -> Optional[str]:
-    return _IMPORT_ERROR
+def _unavailable(device_type: str) -> str | None:
+    return IMPORT_ERROR
 
 
-def _dtype_ok(op: str, t: Tensor) -> Optional[str]:
-    if t.dtype not in _DTYPE_CODES:
+def _dtype_ok(op: str, t: Tensor) -> str | None:
+    if t.dtype not in DTYPES:
         return f"{op}: {t.dtype} storage is not supported (fp32, fp16, bf16)"
     return None
 
 
-def _supports_embed(input_ids, position_ids, token_type_ids, word, pos, types, weight, bias,
-                    eps):
+def _supports_embed(input_ids, position_ids, token_type_ids, word, pos, types, weight, bias, eps):
     return _dtype_ok("embed_layernorm", word)
 
 
@@ -223,7 +171,7 @@ def _supports_add_ln(x, residual, bias, weight, ln_bias, eps):
 
 
 def _supports_bias_gelu(x, bias, act):
-    if act not in _ACT_CODES:
+    if act not in ACTIVATIONS:
         return f"activation {act!r} has no C++ kernel"
     return _dtype_ok("bias_gelu", x)
 
@@ -264,6 +212,6 @@ BACKEND = Backend(
         "attention": _supports_attention,
         "attention_varlen": _supports_attention_varlen,
     },
-    dtypes=(torch.float32, torch.float16, torch.bfloat16),
+    dtypes=DTYPES,
     unavailable=_unavailable,
 )

@@ -57,23 +57,13 @@ def _env_rows() -> Optional[int]:
 PACK_MIN_ROWS: Optional[int] = _env_rows()
 
 
-def _threads() -> int:
-    return max(1, torch.get_num_threads())
-
-
 def panel_width() -> int:
     return _kernels.linear_panel_width(True)
 
 
 def pack(weight: Tensor) -> Tensor:
     """The packed panels of an fp32 ``[N, K]`` weight: a new flat tensor."""
-    N, K = weight.shape
-    nr = panel_width()
-    w = weight.detach().contiguous()
-    packed = torch.empty(((N + nr - 1) // nr) * nr * K, dtype=torch.float32)
-    if packed.numel():
-        _kernels.linear_pack(packed.data_ptr(), w.data_ptr(), N, K, True, _threads())
-    return packed
+    return _kernels.linear_pack(weight.detach().contiguous(), True)
 
 
 def unpack(packed: Tensor, N: int, K: int, nr: int) -> Tensor:
@@ -90,6 +80,13 @@ def packed_for_call(weight: Tensor, rows: int) -> Optional[Tensor]:
     if PACK_MIN_ROWS is not None and rows >= PACK_MIN_ROWS:
         return pack(weight)
     return None
+
+
+def linear_panels(x: Tensor, packed: Tensor, bias: Optional[Tensor], out_features: int,
+                  activation: Optional[str]) -> Tensor:
+    """``activation(x @ W.T + bias)`` for W held as ``packed`` panels (the C++ GEMM)."""
+    b = None if bias is None else bias.contiguous()
+    return _kernels.linear_packed(x.contiguous(), packed, b, out_features, activation, True)
 
 
 _READ_ONLY = ("bertfast: this weight is packed for the CPU GEMM and owned by the model "
@@ -114,6 +111,7 @@ class PackedWeight(Tensor):
                                             device=packed.device, requires_grad=False)
         out._packed = packed
         out._nr = int(nr)
+        out._out_features = int(shape[0])
         return out
 
     def __init__(self, packed, shape, nr):  # state is set in __new__
@@ -211,5 +209,5 @@ def can_pack(backend: str, device: torch.device, dtype: torch.dtype) -> bool:
     name = _requested(backend)
     if name == "auto":
         name = next((n for n in PREFERENCE["cpu"]
-                     if n != "cpu" or cpu._IMPORT_ERROR is None), "torch")
+                     if n != "cpu" or cpu.IMPORT_ERROR is None), "torch")
     return name == "cpu"

@@ -1,52 +1,95 @@
-"""Host-side helpers shared by the pybind11 backends (``cpu.py``, ``cuda.py``).
+"""What the pybind11 backends (``cpu.py``, ``cuda.py``) share: the built extension,
+its constants, and the operand preparation both launchers do the same way.
 
-``bertfast._C`` takes raw addresses, so each launcher makes its operands
-contiguous, allocates the output with torch and passes ``data_ptr()`` integers.
-The operand preparation that both backends do identically lives here once.
+``bertfast._C`` takes torch tensors and checks them itself (device, dtype,
+contiguity, every size its kernel relies on), so a launcher only makes its operands
+contiguous, converts ids to int64 and passes them on; the extension allocates the
+output. The constants (dtype and activation names, CUDA head dims, size limits)
+are defined once, in ``csrc/constants.h``, and read here through
+``bertfast._C.constants()``.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-#: Storage dtype codes understood by the C++/CUDA kernels.
-DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-#: Activation codes understood by the C++/CUDA kernels.
-ACT_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
+try:  # the backends stay importable (and say why) without a native build
+    from .. import _C
+except ImportError as exc:  # pragma: no cover - only without a build
+    _C = None
+    IMPORT_ERROR: str | None = f"bertfast._C is not built ({exc})"
+else:
+    IMPORT_ERROR = None
+
+#: csrc/constants.h, as exported by ``bertfast._C.constants()`` ({} without a build).
+CONSTANTS: dict = dict(_C.constants()) if _C is not None else {}
+
+#: Storage dtypes the C++ and CUDA kernels take (math in fp32).
+DTYPES = tuple(getattr(torch, name) for name in CONSTANTS.get("dtypes", ()))
+#: Activation epilogues of the kernels, by name.
+ACTIVATIONS = tuple(CONSTANTS.get("activations", ()))
+#: Head dims the CUDA attention kernel is compiled for.
+CUDA_ATTENTION_HEAD_DIMS = tuple(CONSTANTS.get("cuda_attention_head_dims", ()))
+#: Widest LayerNorm row the CUDA kernels hold in registers.
+MAX_LAYERNORM_WIDTH = CONSTANTS.get("max_layernorm_width", 0)
+#: CUDA grid y / z limit (attention: heads on y, sequences on z).
+MAX_GRID_YZ = CONSTANTS.get("max_grid_yz", 0)
+#: Longest sequence of the CUDA attention kernel.
+MAX_CUDA_SEQLEN = CONSTANTS.get("max_cuda_seqlen", 0)
+#: Most rows a CUDA LayerNorm launch covers.
+MAX_CUDA_ROWS = CONSTANTS.get("max_cuda_rows", 0)
 
 
-def ptr(t: Optional[Tensor]) -> int:
-    """The address of ``t``, or 0 (nullptr) for an absent optional operand."""
-    return 0 if t is None else t.data_ptr()
-
-
-def contig(t: Optional[Tensor]) -> Optional[Tensor]:
+def contig(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.contiguous()
 
 
-def ids64(t: Optional[Tensor]) -> Optional[Tensor]:
+def ids64(t: Tensor | None) -> Tensor | None:
     """Integer ids as contiguous int64 (what the kernels index with)."""
     return None if t is None else t.to(torch.int64).contiguous()
 
 
-def embed_operands(input_ids, position_ids, token_type_ids, word_embeddings,
-                   position_embeddings, token_type_embeddings, weight, bias):
-    """``(out, ids, pids, tids, word, pos, types, weight, bias)`` for embed_layernorm:
-    contiguous operands (int64 ids; ``tids``/``types`` None for families without
-    token types) and the uninitialised output ``[*ids.shape, E]``."""
-    E = word_embeddings.shape[1]
-    out = word_embeddings.new_empty(tuple(input_ids.shape) + (E,))
+def embed_operands(
+    input_ids,
+    position_ids,
+    token_type_ids,
+    word_embeddings,
+    position_embeddings,
+    token_type_embeddings,
+    weight,
+    bias,
+):
+    """The embed_layernorm arguments, contiguous, ids int64 (``token_type_ids`` dropped
+    for families without token-type embeddings)."""
     types = contig(token_type_embeddings)
-    return (out, ids64(input_ids), ids64(position_ids),
-            ids64(token_type_ids) if types is not None else None,
-            word_embeddings.contiguous(), position_embeddings.contiguous(), types,
-            weight.contiguous(), bias.contiguous())
+    return (
+        ids64(input_ids),
+        ids64(position_ids),
+        ids64(token_type_ids) if types is not None else None,
+        word_embeddings.contiguous(),
+        position_embeddings.contiguous(),
+        types,
+        weight.contiguous(),
+        bias.contiguous(),
+    )
 
 
 def add_layernorm_operands(x, residual, bias, weight, ln_bias):
-    """``(out, x, residual, bias, weight, ln_bias)`` contiguous, with the output."""
-    x = x.contiguous()
-    return (torch.empty_like(x, memory_format=torch.contiguous_format), x,
-            residual.contiguous(), contig(bias), weight.contiguous(), ln_bias.contiguous())
+    """The add_layernorm arguments, contiguous."""
+    return (
+        x.contiguous(),
+        residual.contiguous(),
+        contig(bias),
+        weight.contiguous(),
+        ln_bias.contiguous(),
+    )
+
+
+def mask_operand(attention_mask: Tensor | None) -> Tensor | None:
+    """A key mask as the kernels read it: bool (or uint8) bytes, nonzero = real token."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dtype in (torch.bool, torch.uint8):
+        return attention_mask.contiguous()
+    return (attention_mask != 0).contiguous()

@@ -112,13 +112,13 @@ def attention(
 
     ``qkv`` is ``[B, S, 3H]`` (``[Q | K | V]``, heads contiguous inside each);
     ``attention_mask`` is ``[B, S]`` (nonzero = real token) or None. Computes
-    ``softmax(scale * Q K^T + mask) V`` per head in fp32 and returns ``[B, S, H]``
-    with heads merged; rows at padded query positions are zero (so a sequence whose
+    ``softmax(scale * Q K^T + mask) V`` per head in fp32 (fp64 for the float64 gold)
+    and returns ``[B, S, H]`` with heads merged; rows at padded query positions are zero (so a sequence whose
     mask is all zero gives zeros).
     """
     B, S, H3 = qkv.shape
     H = H3 // 3
-    q, k, v = _split_heads(qkv.float(), num_heads)
+    q, k, v = _split_heads(qkv.to(torch.promote_types(qkv.dtype, torch.float32)), num_heads)
     key_mask = None
     if attention_mask is not None:
         keep = attention_mask.bool()

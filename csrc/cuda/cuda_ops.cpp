@@ -1,33 +1,36 @@
-// pybind11 bindings of the CUDA kernels in kernels/cuda/ (compiled only when
-// nvcc is found), registered as the submodule bertfast._C.cuda (plus
-// bertfast._C.cuda_device_count at top level).
+// bertfast._C.cuda: bindings of the CUDA kernels in kernels/cuda/ (compiled only
+// when nvcc is found), plus device_count / error_name.
 //
-// The Python side (bertfast/ops/cuda.py) has already validated shapes, dtypes and
-// devices, made the tensors contiguous and allocated the outputs; it passes raw
-// device pointers (data_ptr() ints, 0 for an absent optional tensor), sizes, a
-// dtype code (kernels/cuda/launchers.cuh), the tensors' device index and the
-// current torch stream (cuda_stream int). Each binding makes that device current
-// for the duration of the call, enqueues on that stream, and turns any launch
-// error into a Python RuntimeError naming the op.
-#include <cuda_runtime.h>
-#include <pybind11/pybind11.h>
+// Same entry points and argument order as bertfast._C.cpu (csrc/cpu_ops.cpp), with
+// a trailing `stream`: the cudaStream_t of torch's current stream on the tensors'
+// device (torch.cuda.current_stream(device).cuda_stream), passed from Python so
+// that this file needs only CPU-side ATen headers (torch's CUDA headers and
+// libraries are not needed to build it). Each entry point checks its tensors
+// (csrc/binding.h, plus the CUDA kernels' limits from csrc/constants.h),
+// allocates its output through torch's allocator, makes the tensors' device
+// current for the call, enqueues on `stream` with the GIL released and turns a
+// launch error into RuntimeError naming the op.
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
+#include <ATen/ops/zeros.h>
+
+#include "binding.h"
 #include "cuda/launchers.cuh"
 #include "registry.h"
-
-namespace py = pybind11;
 
 namespace bertfast {
 
 namespace {
 
+using namespace binding;
+
 [[noreturn]] void raise_cuda_error(const char* op, const char* what, cudaError_t err) {
-  throw std::runtime_error(std::string("bertfast.") + op + " (cuda): " + what + " failed: " +
-                           cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+  throw std::runtime_error(std::string("bertfast._C.cuda.") + op + ": " + what +
+                           " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
 
 void check(cudaError_t err, const char* op, const char* what) {
@@ -39,7 +42,7 @@ class DeviceGuard {
  public:
   DeviceGuard(int device, const char* op) {
     check(cudaGetDevice(&previous_), op, "cudaGetDevice");
-    if (device >= 0 && device != previous_) {
+    if (device != previous_) {
       check(cudaSetDevice(device), op, "cudaSetDevice");
       restore_ = true;
     }
@@ -55,12 +58,16 @@ class DeviceGuard {
   bool restore_ = false;
 };
 
-template <typename P>
-P* ptr(std::uintptr_t address) {
-  return reinterpret_cast<P*>(address);
-}
+Op cuda_op(const char* name) { return Op("cuda", name, c10::DeviceType::CUDA); }
 
 cudaStream_t stream_of(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+// Enqueues `launch` (returning cudaError_t) on `t`'s device.
+template <typename F>
+void run(const Op& op, const Tensor& t, F&& launch) {
+  DeviceGuard guard(t.get_device(), op.name());
+  check(launch(), op.name(), "kernel launch");
+}
 
 // Number of CUDA devices the runtime sees, or a negative cudaError_t code when
 // there is no usable driver/device (so Python can say why, without crashing).
@@ -74,111 +81,186 @@ int cuda_device_count() {
   return n;
 }
 
-std::string cuda_error_name(int code) {
-  return cudaGetErrorName(static_cast<cudaError_t>(code));
+std::string cuda_error_name(int code) { return cudaGetErrorName(static_cast<cudaError_t>(code)); }
+
+void check_rows_limit(const Op& op, int64_t rows, int64_t width) {
+  if (width > kMaxLayerNormWidth)
+    op.value_error("row width " + std::to_string(width) + " > " +
+                   std::to_string(kMaxLayerNormWidth) +
+                   " (the CUDA kernel holds a row in registers)");
+  if (rows > kMaxCudaRows) op.value_error(std::to_string(rows) + " rows > 2^31 - 1");
 }
 
-void embed_layernorm(std::uintptr_t out, std::uintptr_t input_ids, std::uintptr_t position_ids,
-                     std::uintptr_t token_type_ids, std::uintptr_t word, std::uintptr_t pos,
-                     std::uintptr_t types, std::uintptr_t weight, std::uintptr_t bias,
-                     int64_t rows, int64_t width, int64_t vocab, int64_t max_positions,
-                     int64_t type_vocab, double eps, int dtype, int device,
+Tensor embed_layernorm(const Tensor& input_ids, const Tensor& position_ids,
+                       const OptTensor& token_type_ids, const Tensor& word, const Tensor& pos,
+                       const OptTensor& types, const Tensor& weight, const Tensor& bias, double eps,
+                       std::uintptr_t stream) {
+  Op op = cuda_op("embed_layernorm");
+  const EmbedArgs a = check_embed_layernorm(op, input_ids, position_ids, token_type_ids, word, pos,
+                                            types, weight, bias, eps);
+  check_rows_limit(op, a.tokens, a.width);
+  Tensor out = at::empty(embed_out_shape(input_ids, a.width), word.options());
+  if (a.tokens == 0 || a.width == 0) return out;
+  // Ids outside their table give a NaN row (the kernel never reads out of bounds).
+  run(op, out, [&] {
+    return cuda::launch_embed_layernorm(
+        out.data_ptr(), input_ids.const_data_ptr<int64_t>(), position_ids.const_data_ptr<int64_t>(),
+        types ? token_type_ids->const_data_ptr<int64_t>() : nullptr, word.const_data_ptr(),
+        pos.const_data_ptr(), types ? types->const_data_ptr() : nullptr, weight.const_data_ptr(),
+        bias.const_data_ptr(), a.tokens, a.width, a.vocab, a.num_pos, a.num_types,
+        static_cast<float>(eps), a.dtype, stream_of(stream));
+  });
+  return out;
+}
+
+Tensor add_layernorm(const Tensor& x, const Tensor& residual, const OptTensor& bias,
+                     const Tensor& weight, const Tensor& ln_bias, double eps,
                      std::uintptr_t stream) {
-  const char* op = "embed_layernorm";
-  DeviceGuard guard(device, op);
-  check(cuda::launch_embed_layernorm(ptr<void>(out), ptr<const int64_t>(input_ids),
-                                     ptr<const int64_t>(position_ids),
-                                     ptr<const int64_t>(token_type_ids), ptr<const void>(word),
-                                     ptr<const void>(pos), ptr<const void>(types),
-                                     ptr<const void>(weight), ptr<const void>(bias), rows, width,
-                                     vocab, max_positions, type_vocab, static_cast<float>(eps),
-                                     dtype, stream_of(stream)),
-        op, "kernel launch");
+  Op op = cuda_op("add_layernorm");
+  const RowsArgs a = check_add_layernorm(op, x, residual, bias, weight, ln_bias, eps);
+  check_rows_limit(op, a.rows, a.width);
+  Tensor out = at::empty(x.sizes(), x.options());
+  if (a.rows == 0 || a.width == 0) return out;
+  run(op, out, [&] {
+    return cuda::launch_add_layernorm(out.data_ptr(), x.const_data_ptr(), residual.const_data_ptr(),
+                                      bias ? bias->const_data_ptr() : nullptr,
+                                      weight.const_data_ptr(), ln_bias.const_data_ptr(), a.rows,
+                                      a.width, static_cast<float>(eps), a.dtype, stream_of(stream));
+  });
+  return out;
 }
 
-void add_layernorm(std::uintptr_t out, std::uintptr_t x, std::uintptr_t residual,
-                   std::uintptr_t bias, std::uintptr_t weight, std::uintptr_t ln_bias,
-                   int64_t rows, int64_t width, double eps, int dtype, int device,
-                   std::uintptr_t stream) {
-  const char* op = "add_layernorm";
-  DeviceGuard guard(device, op);
-  check(cuda::launch_add_layernorm(ptr<void>(out), ptr<const void>(x), ptr<const void>(residual),
-                                   ptr<const void>(bias), ptr<const void>(weight),
-                                   ptr<const void>(ln_bias), rows, width, static_cast<float>(eps),
-                                   dtype, stream_of(stream)),
-        op, "kernel launch");
+Tensor bias_act(const Tensor& x, const OptTensor& bias, const std::string& activation, bool inplace,
+                std::uintptr_t stream) {
+  Op op = cuda_op("bias_act");
+  const BiasActArgs a = check_bias_act(op, x, bias, activation);
+  Tensor out = inplace ? x : at::empty(x.sizes(), x.options());
+  if (a.rows == 0 || a.width == 0) return out;
+  run(op, out, [&] {
+    return cuda::launch_bias_act(out.data_ptr(), x.const_data_ptr(),
+                                 bias ? bias->const_data_ptr() : nullptr, a.rows, a.width,
+                                 a.activation, a.dtype, stream_of(stream));
+  });
+  return out;
 }
 
-void bias_act(std::uintptr_t out, std::uintptr_t x, std::uintptr_t bias, int64_t rows,
-              int64_t width, int activation, int dtype, int device, std::uintptr_t stream) {
-  const char* op = "bias_gelu";
-  DeviceGuard guard(device, op);
-  check(cuda::launch_bias_act(ptr<void>(out), ptr<const void>(x), ptr<const void>(bias), rows,
-                              width, activation, dtype, stream_of(stream)),
-        op, "kernel launch");
+// The CUDA attention kernel's own limits, on top of check_attention*.
+void check_attention_limits(const Op& op, const Tensor& qkv, const AttentionArgs& a) {
+  bool head_dim_ok = false;
+  for (int d : CudaAttentionHeadDims::kValues) head_dim_ok |= a.head_dim == d;
+  if (!head_dim_ok) {
+    std::string dims;
+    for (int d : CudaAttentionHeadDims::kValues)
+      dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    op.value_error("head_dim " + std::to_string(a.head_dim) + " is not one of the compiled " +
+                   "head dims " + dims);
+  }
+  if (a.num_heads > kMaxGridYZ)
+    op.value_error("num_heads " + std::to_string(a.num_heads) + " > " + std::to_string(kMaxGridYZ));
+  if (a.batch > kMaxGridYZ)
+    op.value_error("batch " + std::to_string(a.batch) + " > " + std::to_string(kMaxGridYZ) +
+                   " sequences");
+  if (a.seqlen > kMaxCudaSeqLen)
+    op.value_error("sequence length " + std::to_string(a.seqlen) + " > 2^30");
+  if (reinterpret_cast<std::uintptr_t>(qkv.const_data_ptr()) % 16)
+    op.value_error("qkv's data must be 16-byte aligned (pass a fresh copy)");
+  if (qkv.scalar_type() == at::kBFloat16) {
+    int major = 0;
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, qkv.get_device()),
+          op.name(), "cudaDeviceGetAttribute");
+    if (major < 8) op.value_error("bf16 attention needs compute capability 8.0+");
+  }
 }
 
-void attention(std::uintptr_t out, std::uintptr_t qkv, std::uintptr_t mask,
-               std::uintptr_t cu_seqlens, int64_t batch, int64_t seqlen, int64_t total_tokens,
-               int num_heads, int head_dim, double scale, int dtype, int device,
-               std::uintptr_t stream) {
-  const char* op = cu_seqlens ? "attention_varlen" : "attention";
-  DeviceGuard guard(device, op);
-  check(cuda::launch_attention(ptr<void>(out), ptr<const void>(qkv), ptr<const uint8_t>(mask),
-                               ptr<const int32_t>(cu_seqlens), batch, seqlen, total_tokens,
-                               num_heads, head_dim, static_cast<float>(scale), dtype,
-                               stream_of(stream)),
-        op, "kernel launch");
-}
-
-void pack_rows(std::uintptr_t out, std::uintptr_t x, std::uintptr_t indices, int64_t num_indices,
-               int64_t num_src_rows, int64_t row_bytes, int device, std::uintptr_t stream) {
-  const char* op = "pack_tokens";
-  DeviceGuard guard(device, op);
-  check(cuda::launch_pack_rows(ptr<void>(out), ptr<const void>(x), ptr<const int64_t>(indices),
-                               num_indices, num_src_rows, row_bytes, stream_of(stream)),
-        op, "kernel launch");
-}
-
-void unpack_rows(std::uintptr_t out, std::uintptr_t x, std::uintptr_t indices,
-                 int64_t num_indices, int64_t num_out_rows, int64_t row_bytes, int device,
+Tensor attention(const Tensor& qkv, const OptTensor& mask, int64_t num_heads, double scale,
                  std::uintptr_t stream) {
-  const char* op = "unpack_tokens";
-  DeviceGuard guard(device, op);
-  check(cuda::launch_unpack_rows(ptr<void>(out), ptr<const void>(x), ptr<const int64_t>(indices),
-                                 num_indices, num_out_rows, row_bytes, stream_of(stream)),
-        op, "kernel launch");
+  Op op = cuda_op("attention");
+  const AttentionArgs a = check_attention(op, qkv, mask, num_heads);
+  check_attention_limits(op, qkv, a);
+  Tensor out = at::empty({a.batch, a.seqlen, a.hidden}, qkv.options());
+  if (out.numel() == 0) return out;
+  run(op, out, [&] {
+    return cuda::launch_attention(
+        out.data_ptr(), qkv.const_data_ptr(),
+        mask ? static_cast<const uint8_t*>(mask->const_data_ptr()) : nullptr, nullptr, a.batch,
+        a.seqlen, a.tokens, static_cast<int>(a.num_heads), static_cast<int>(a.head_dim),
+        static_cast<float>(scale), a.dtype, stream_of(stream));
+  });
+  return out;
+}
+
+Tensor attention_varlen(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max_seqlen,
+                        int64_t num_heads, double scale, std::uintptr_t stream) {
+  Op op = cuda_op("attention_varlen");
+  const AttentionArgs a = check_attention_varlen(op, qkv, cu_seqlens, max_seqlen, num_heads);
+  check_attention_limits(op, qkv, a);
+  // No sequence: every row is zero. Otherwise the kernel clamps cu_seqlens into
+  // [0, T] (its values are not read on the host, so no sync): bounds-safe whatever
+  // they hold; the public op has checked that they cover every row.
+  if (a.batch == 0 || max_seqlen == 0) return at::zeros({a.tokens, a.hidden}, qkv.options());
+  Tensor out = at::empty({a.tokens, a.hidden}, qkv.options());
+  if (out.numel() == 0) return out;
+  run(op, out, [&] {
+    return cuda::launch_attention(out.data_ptr(), qkv.const_data_ptr(), nullptr,
+                                  cu_seqlens.const_data_ptr<int32_t>(), a.batch, a.seqlen, a.tokens,
+                                  static_cast<int>(a.num_heads), static_cast<int>(a.head_dim),
+                                  static_cast<float>(scale), a.dtype, stream_of(stream));
+  });
+  return out;
+}
+
+Tensor pack_rows(const Tensor& x, const Tensor& indices, std::uintptr_t stream) {
+  Op op = cuda_op("pack_rows");
+  const RowMoveArgs a = check_pack_rows(op, x, indices);
+  Tensor out = at::empty(rows_shape(x, a.num_indices), x.options());
+  if (out.numel() == 0) return out;
+  // An index outside [0, x.shape[0]) gives a zero row (no host sync to raise).
+  run(op, out, [&] {
+    return cuda::launch_pack_rows(out.data_ptr(), x.const_data_ptr(),
+                                  indices.const_data_ptr<int64_t>(), a.num_indices, x.size(0),
+                                  a.row_bytes, stream_of(stream));
+  });
+  return out;
+}
+
+Tensor unpack_rows(const Tensor& x, const Tensor& indices, int64_t num_rows,
+                   std::uintptr_t stream) {
+  Op op = cuda_op("unpack_rows");
+  const RowMoveArgs a = check_unpack_rows(op, x, indices, num_rows);
+  Tensor out = at::empty(rows_shape(x, num_rows), x.options());
+  if (out.numel() == 0) return out;
+  // An index outside [0, num_rows) is skipped.
+  run(op, out, [&] {
+    return cuda::launch_unpack_rows(out.data_ptr(), x.const_data_ptr(),
+                                    indices.const_data_ptr<int64_t>(), a.num_indices, num_rows,
+                                    a.row_bytes, stream_of(stream));
+  });
+  return out;
 }
 
 }  // namespace
 
 void register_cuda_ops(pybind11::module_& m) {
   using py::arg;
-  m.def("cuda_device_count", &cuda_device_count,
-        "CUDA devices visible to bertfast's runtime (negative: -cudaError_t)");
-  py::module_ k = m.def_submodule("cuda", "CUDA kernels (kernels/cuda/), raw-pointer bindings");
+  py::module_ k = m.def_submodule(
+      "cuda", "CUDA kernels (kernels/cuda/); the arguments of bertfast._C.cpu plus `stream`");
   k.def("device_count", &cuda_device_count,
         "CUDA devices visible to bertfast's runtime (negative: -cudaError_t)");
   k.def("error_name", &cuda_error_name, "Name of a cudaError_t code", arg("code"));
-  k.attr("max_layernorm_width") = cuda::kMaxLayerNormWidth;
-  k.def("attention_supports_head_dim", &cuda::attention_supports_head_dim,
-        "Whether the CUDA attention kernel is instantiated for this head dim", arg("head_dim"));
-  k.def("embed_layernorm", &embed_layernorm, arg("out"), arg("input_ids"), arg("position_ids"),
+  k.def("embed_layernorm", &embed_layernorm, release_gil(), arg("input_ids"), arg("position_ids"),
         arg("token_type_ids"), arg("word"), arg("pos"), arg("types"), arg("weight"), arg("bias"),
-        arg("rows"), arg("width"), arg("vocab"), arg("max_positions"), arg("type_vocab"),
-        arg("eps"), arg("dtype"), arg("device"), arg("stream"));
-  k.def("add_layernorm", &add_layernorm, arg("out"), arg("x"), arg("residual"), arg("bias"),
-        arg("weight"), arg("ln_bias"), arg("rows"), arg("width"), arg("eps"), arg("dtype"),
-        arg("device"), arg("stream"));
-  k.def("bias_act", &bias_act, arg("out"), arg("x"), arg("bias"), arg("rows"), arg("width"),
-        arg("activation"), arg("dtype"), arg("device"), arg("stream"));
-  k.def("attention", &attention, arg("out"), arg("qkv"), arg("mask"), arg("cu_seqlens"),
-        arg("batch"), arg("seqlen"), arg("total_tokens"), arg("num_heads"), arg("head_dim"),
-        arg("scale"), arg("dtype"), arg("device"), arg("stream"));
-  k.def("pack_rows", &pack_rows, arg("out"), arg("x"), arg("indices"), arg("num_indices"),
-        arg("num_src_rows"), arg("row_bytes"), arg("device"), arg("stream"));
-  k.def("unpack_rows", &unpack_rows, arg("out"), arg("x"), arg("indices"), arg("num_indices"),
-        arg("num_out_rows"), arg("row_bytes"), arg("device"), arg("stream"));
+        arg("eps"), arg("stream"));
+  k.def("add_layernorm", &add_layernorm, release_gil(), arg("x"), arg("residual"), arg("bias"),
+        arg("weight"), arg("ln_bias"), arg("eps"), arg("stream"));
+  k.def("bias_act", &bias_act, release_gil(), arg("x"), arg("bias"), arg("activation"),
+        arg("inplace"), arg("stream"));
+  k.def("attention", &attention, release_gil(), arg("qkv"), arg("mask"), arg("num_heads"),
+        arg("scale"), arg("stream"));
+  k.def("attention_varlen", &attention_varlen, release_gil(), arg("qkv"), arg("cu_seqlens"),
+        arg("max_seqlen"), arg("num_heads"), arg("scale"), arg("stream"));
+  k.def("pack_rows", &pack_rows, release_gil(), arg("x"), arg("indices"), arg("stream"));
+  k.def("unpack_rows", &unpack_rows, release_gil(), arg("x"), arg("indices"), arg("num_rows"),
+        arg("stream"));
 }
 
 }  // namespace bertfast

@@ -17,7 +17,8 @@ namespace {
 // inlined into the OpenMP-outlined region. BF_CLONES adds an AVX-512 (x86-64-v4)
 // clone chosen at load time by the CPU it runs on; the default stays AVX2/FMA.
 template <typename T, int ACT>
-__attribute__((noinline)) BF_CLONES void act_span(T* out, const T* x, const float* BF_RESTRICT bias, int64_t n) {
+__attribute__((noinline)) BF_CLONES void act_span(T* out, const T* x, const float* BF_RESTRICT bias,
+                                                  int64_t n) {
   // No BF_RESTRICT on out/x: they may alias (element j is read before it is written).
   for (int64_t j = 0; j < n; ++j) {
     float v = to_f32(x[j]) + bias[j];

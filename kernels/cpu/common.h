@@ -21,6 +21,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "constants.h"
+
 #ifdef BERTFAST_WITH_OPENMP
 #include <omp.h>
 #endif
@@ -55,8 +57,8 @@ namespace bertfast {
 namespace cpu {
 
 // ------------------------------------------------------------------ dtypes
-// Codes shared with bertfast/ops/cpu.py (_DTYPE_CODES).
-enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+// Storage dtype codes (DType) and activation codes (Activation) come from
+// csrc/constants.h, shared with the CUDA kernels and exported to Python.
 
 struct bf16 {
   uint16_t bits;
@@ -94,7 +96,9 @@ BF_INLINE float to_f32(f16 v) {
 template <typename T>
 BF_INLINE T from_f32(float v);
 template <>
-BF_INLINE float from_f32<float>(float v) { return v; }
+BF_INLINE float from_f32<float>(float v) {
+  return v;
+}
 template <>
 BF_INLINE f16 from_f32<f16>(float v) {
   // Round to nearest even, overflow to inf, NaN stays NaN; branch-free.
@@ -125,26 +129,26 @@ BF_INLINE bf16 from_f32<bf16>(float v) {
 }
 
 // Runs `body` with `T` bound to the storage type named by `dtype`.
-#define BF_DISPATCH_DTYPE(dtype, T, ...)                                        \
-  switch (dtype) {                                                              \
-    case ::bertfast::cpu::kFloat32: {                                           \
-      using T = float;                                                          \
-      __VA_ARGS__;                                                              \
-      break;                                                                    \
-    }                                                                           \
-    case ::bertfast::cpu::kFloat16: {                                           \
-      using T = ::bertfast::cpu::f16;                                           \
-      __VA_ARGS__;                                                              \
-      break;                                                                    \
-    }                                                                           \
-    case ::bertfast::cpu::kBFloat16: {                                          \
-      using T = ::bertfast::cpu::bf16;                                          \
-      __VA_ARGS__;                                                              \
-      break;                                                                    \
-    }                                                                           \
-    default:                                                                    \
-      throw std::invalid_argument("bertfast cpu: unsupported dtype code " +     \
-                                  std::to_string(static_cast<int>(dtype)));     \
+#define BF_DISPATCH_DTYPE(dtype, T, ...)                                    \
+  switch (dtype) {                                                          \
+    case ::bertfast::kFloat32: {                                            \
+      using T = float;                                                      \
+      __VA_ARGS__;                                                          \
+      break;                                                                \
+    }                                                                       \
+    case ::bertfast::kFloat16: {                                            \
+      using T = ::bertfast::cpu::f16;                                       \
+      __VA_ARGS__;                                                          \
+      break;                                                                \
+    }                                                                       \
+    case ::bertfast::kBFloat16: {                                           \
+      using T = ::bertfast::cpu::bf16;                                      \
+      __VA_ARGS__;                                                          \
+      break;                                                                \
+    }                                                                       \
+    default:                                                                \
+      throw std::invalid_argument("bertfast cpu: unsupported dtype code " + \
+                                  std::to_string(static_cast<int>(dtype))); \
   }
 
 // ------------------------------------------------------------------ threads
@@ -254,23 +258,21 @@ BF_INLINE float gelu_tanh(float x) {
 // NaN propagates (as in torch), -0 stays -0.
 BF_INLINE float relu(float x) { return x < 0.0f ? 0.0f : x; }
 
-// Activation codes shared with bertfast/ops/cpu.py (_ACT_CODES).
-enum Activation : int { kGeluErf = 0, kGeluTanh = 1, kRelu = 2 };
-
 // ------------------------------------------------------------------ kernels
-// Declared here, defined one per file in kernels/cpu/, bound in csrc/cpu_ops.cpp.
-// All pointers are raw, contiguous, row-major; `dtype` is a DType code;
-// `num_threads` is torch.get_num_threads() of the caller.
+// Declared here, defined one per file in kernels/cpu/, bound in csrc/cpu_ops.cpp,
+// which has checked every tensor's device, dtype, contiguity and sizes against the
+// sizes passed here. All pointers are raw, contiguous, row-major; `dtype` is a
+// DType code; `num_threads` is torch.get_num_threads() of the caller.
 
 // layernorm.cpp
 void embed_layernorm(int dtype, void* out, const int64_t* input_ids, const int64_t* position_ids,
                      const int64_t* token_type_ids, const void* word, int64_t vocab,
                      const void* pos, int64_t num_pos, const void* types, int64_t num_types,
-                     const void* weight, const void* bias, int64_t tokens, int64_t width,
-                     float eps, int num_threads);
+                     const void* weight, const void* bias, int64_t tokens, int64_t width, float eps,
+                     int num_threads);
 void add_layernorm(int dtype, void* out, const void* x, const void* residual, const void* bias,
-                   const void* weight, const void* ln_bias, int64_t rows, int64_t hidden,
-                   float eps, int num_threads);
+                   const void* weight, const void* ln_bias, int64_t rows, int64_t hidden, float eps,
+                   int num_threads);
 
 // bias_act.cpp
 void bias_act(int dtype, void* out, const void* x, const void* bias, int64_t rows, int64_t cols,
@@ -281,11 +283,11 @@ void attention_padded(int dtype, void* out, const void* qkv, const uint8_t* mask
                       int64_t seqlen, int64_t num_heads, int64_t hidden, float scale,
                       int num_threads);
 void attention_varlen(int dtype, void* out, const void* qkv, const int32_t* cu_seqlens,
-                      int64_t batch, int64_t tokens, int64_t num_heads, int64_t hidden,
-                      float scale, int num_threads);
+                      int64_t batch, int64_t tokens, int64_t num_heads, int64_t hidden, float scale,
+                      int num_threads);
 
-// gemm.cpp (fp32): out[M, N] = act(x[M, K] @ weight[N, K]^T + bias); activation -1 = none.
-// packed holds ceil(N / panel_width) * panel_width * K floats.
+// gemm.cpp (fp32): out[M, N] = act(x[M, K] @ weight[N, K]^T + bias); activation
+// kNoActivation = none. packed is [ceil(N / panel_width), K, panel_width] floats.
 int linear_panel_width(bool allow_avx512);
 void linear_pack(void* packed, const void* weight, int64_t N, int64_t K, bool allow_avx512,
                  int num_threads);

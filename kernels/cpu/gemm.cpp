@@ -92,8 +92,10 @@ BF_INLINE void gemm_tile(const float* BF_RESTRICT x, const float* BF_RESTRICT pa
       float* o = out + (i0 + r) * N + n0;
       for (int64_t j = 0; j < ncols; ++j) {
         const float y = tmp[j] + bias[n0 + j];
-        o[j] = ACT == kGeluErf ? gelu_erf(y) : ACT == kGeluTanh ? gelu_tanh(y)
-             : ACT == kRelu    ? relu(y)     : y;
+        o[j] = ACT == kGeluErf    ? gelu_erf(y)
+               : ACT == kGeluTanh ? gelu_tanh(y)
+               : ACT == kRelu     ? relu(y)
+                                  : y;
       }
     }
   }
@@ -138,9 +140,8 @@ __attribute__((noinline)) void tile_avx2(const float* x, const float* packed, co
 
 bool use_avx512(bool allow_avx512) {
 #if defined(__GNUC__) && defined(__x86_64__)
-  return allow_avx512 && __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512bw");
+  return allow_avx512 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
 #else
   (void)allow_avx512;
   return false;
@@ -186,8 +187,8 @@ void advise_huge_pages(void* p, int64_t bytes) {
   constexpr uintptr_t kHuge = uintptr_t(1) << 21;
   if (bytes < static_cast<int64_t>(4 * kHuge)) return;
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) &
-                        ~(kHuge - 1);
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
   if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
 #else
   (void)p;
@@ -221,10 +222,18 @@ void linear_packed(void* out, const void* x, const void* packed, const void* bia
   advise_huge_pages(op, M * N * static_cast<int64_t>(sizeof(float)));
   const bool avx512 = use_avx512(allow_avx512);
   switch (activation) {
-    case kGeluErf: gemm_packed<kGeluErf>(xp, pk, bp, op, M, N, K, avx512, num_threads); break;
-    case kGeluTanh: gemm_packed<kGeluTanh>(xp, pk, bp, op, M, N, K, avx512, num_threads); break;
-    case kRelu: gemm_packed<kRelu>(xp, pk, bp, op, M, N, K, avx512, num_threads); break;
-    case -1: gemm_packed<-1>(xp, pk, bp, op, M, N, K, avx512, num_threads); break;
+    case kGeluErf:
+      gemm_packed<kGeluErf>(xp, pk, bp, op, M, N, K, avx512, num_threads);
+      break;
+    case kGeluTanh:
+      gemm_packed<kGeluTanh>(xp, pk, bp, op, M, N, K, avx512, num_threads);
+      break;
+    case kRelu:
+      gemm_packed<kRelu>(xp, pk, bp, op, M, N, K, avx512, num_threads);
+      break;
+    case kNoActivation:
+      gemm_packed<kNoActivation>(xp, pk, bp, op, M, N, K, avx512, num_threads);
+      break;
     default:
       throw std::invalid_argument("bertfast cpu: unknown activation code " +
                                   std::to_string(activation));

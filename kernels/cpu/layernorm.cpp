@@ -20,8 +20,7 @@ namespace {
 // Normalises `row` (fp32, length n) and writes weight * xhat + bias to `out`.
 template <typename T>
 BF_INLINE void normalize_row(const float* BF_RESTRICT row, const float* BF_RESTRICT w,
-                             const float* BF_RESTRICT b, T* BF_RESTRICT out, int64_t n,
-                             float eps) {
+                             const float* BF_RESTRICT b, T* BF_RESTRICT out, int64_t n, float eps) {
   // Shifted two-pass statistics: the first element is subtracted before summing,
   // so a large common offset (1e4) does not swamp the fp32 sum, then the variance is
   // the mean of squared deviations from the (shifted) mean.
@@ -82,10 +81,10 @@ void add_layernorm_impl(T* out, const T* x, const T* residual, const void* bias_
 
 template <typename T>
 void embed_layernorm_impl(T* out, const int64_t* input_ids, const int64_t* position_ids,
-                          const int64_t* token_type_ids, const T* word, int64_t vocab,
-                          const T* pos, int64_t num_pos, const T* types, int64_t num_types,
-                          const void* weight_ptr, const void* bias_ptr, int64_t tokens,
-                          int64_t n, float eps, int num_threads) {
+                          const int64_t* token_type_ids, const T* word, int64_t vocab, const T* pos,
+                          int64_t num_pos, const T* types, int64_t num_types,
+                          const void* weight_ptr, const void* bias_ptr, int64_t tokens, int64_t n,
+                          float eps, int num_threads) {
   std::vector<float> params(2 * n);
   float* w = params.data();
   float* b = w + n;
@@ -130,28 +129,28 @@ void embed_layernorm_impl(T* out, const int64_t* input_ids, const int64_t* posit
 }  // namespace
 
 void add_layernorm(int dtype, void* out, const void* x, const void* residual, const void* bias,
-                   const void* weight, const void* ln_bias, int64_t rows, int64_t hidden,
-                   float eps, int num_threads) {
+                   const void* weight, const void* ln_bias, int64_t rows, int64_t hidden, float eps,
+                   int num_threads) {
   if (rows <= 0 || hidden <= 0) return;
   BF_DISPATCH_DTYPE(dtype, T,
                     add_layernorm_impl<T>(static_cast<T*>(out), static_cast<const T*>(x),
-                                          static_cast<const T*>(residual), bias, weight,
-                                          ln_bias, rows, hidden, eps, num_threads));
+                                          static_cast<const T*>(residual), bias, weight, ln_bias,
+                                          rows, hidden, eps, num_threads));
 }
 
 void embed_layernorm(int dtype, void* out, const int64_t* input_ids, const int64_t* position_ids,
                      const int64_t* token_type_ids, const void* word, int64_t vocab,
                      const void* pos, int64_t num_pos, const void* types, int64_t num_types,
-                     const void* weight, const void* bias, int64_t tokens, int64_t width,
-                     float eps, int num_threads) {
+                     const void* weight, const void* bias, int64_t tokens, int64_t width, float eps,
+                     int num_threads) {
   if (tokens <= 0 || width <= 0) return;
   if (types == nullptr) token_type_ids = nullptr;
-  BF_DISPATCH_DTYPE(dtype, T,
-                    embed_layernorm_impl<T>(static_cast<T*>(out), input_ids, position_ids,
-                                            token_type_ids, static_cast<const T*>(word), vocab,
-                                            static_cast<const T*>(pos), num_pos,
-                                            static_cast<const T*>(types), num_types, weight,
-                                            bias, tokens, width, eps, num_threads));
+  BF_DISPATCH_DTYPE(
+      dtype, T,
+      embed_layernorm_impl<T>(static_cast<T*>(out), input_ids, position_ids, token_type_ids,
+                              static_cast<const T*>(word), vocab, static_cast<const T*>(pos),
+                              num_pos, static_cast<const T*>(types), num_types, weight, bias,
+                              tokens, width, eps, num_threads));
 }
 
 }  // namespace cpu

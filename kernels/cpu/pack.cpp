@@ -19,9 +19,9 @@ namespace {
 void check_indices(const int64_t* indices, int64_t n, int64_t limit, const char* op) {
   for (int64_t i = 0; i < n; ++i) {
     if (indices[i] < 0 || indices[i] >= limit)
-      throw std::out_of_range(std::string("bertfast cpu ") + op + ": index " +
-                              std::to_string(indices[i]) + " outside [0, " +
-                              std::to_string(limit) + ")");
+      throw std::out_of_range(std::string("bertfast._C.cpu.") + op + ": index " +
+                              std::to_string(indices[i]) + " outside [0, " + std::to_string(limit) +
+                              ")");
   }
 }
 
@@ -29,8 +29,8 @@ void check_indices(const int64_t* indices, int64_t n, int64_t limit, const char*
 
 void pack_rows(void* out, const void* x, const int64_t* indices, int64_t num_indices,
                int64_t src_rows, int64_t row_bytes, int num_threads) {
+  check_indices(indices, num_indices, src_rows, "pack_rows");
   if (num_indices <= 0 || row_bytes <= 0) return;
-  check_indices(indices, num_indices, src_rows, "pack_tokens");
   char* o = static_cast<char*>(out);
   const char* s = static_cast<const char*>(x);
   const int nt = threads_for(num_indices * row_bytes, 1 << 18, num_threads);
@@ -43,8 +43,8 @@ void pack_rows(void* out, const void* x, const int64_t* indices, int64_t num_ind
 
 void unpack_rows(void* out, const void* x, const int64_t* indices, int64_t num_indices,
                  int64_t num_rows, int64_t row_bytes, int num_threads) {
+  check_indices(indices, num_indices, num_rows, "unpack_rows");
   if (num_rows <= 0 || row_bytes <= 0) return;
-  check_indices(indices, num_indices, num_rows, "unpack_tokens");
   std::vector<unsigned char> covered(num_rows, 0);
   for (int64_t i = 0; i < num_indices; ++i) covered[indices[i]] = 1;
   char* o = static_cast<char*>(out);

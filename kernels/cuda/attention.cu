@@ -38,8 +38,8 @@ namespace {
 using namespace nvcuda;
 
 constexpr int kThreads = 128;
-constexpr int kWarpRows = 16;                            // query rows per warp
-constexpr int kBlockM = kWarpRows * (kThreads / 32);     // query rows per CTA
+constexpr int kWarpRows = 16;                         // query rows per warp
+constexpr int kBlockM = kWarpRows * (kThreads / 32);  // query rows per CTA
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct AttnParams {
@@ -68,7 +68,7 @@ struct AttnConfig {
   static constexpr int kLdQ = kTensorCores ? D + 8 : D;
   static constexpr int kLdK = kTensorCores ? D + 8 : D + 1;
   static constexpr int kLdV = kTensorCores ? D + 8 : D;
-  static constexpr int kLdS = kBlockN + 4;                          // float scores
+  static constexpr int kLdS = kBlockN + 4;                               // float scores
   static constexpr int kLdP = kTensorCores ? kBlockN + 8 : kBlockN + 4;  // T probabilities
 
   static constexpr size_t kQOff = 0;
@@ -163,7 +163,8 @@ struct WarpTile<T, D, true> {
   __device__ __forceinline__ void init(float* s_w, int lane) {
 #pragma unroll
     for (int f = 0; f < kDFrags; ++f) wmma::fill_fragment(o[f], 0.f);
-    for (int idx = lane; idx < 16 * 16; idx += 32) s_w[(idx >> 4) * Cfg::kLdS + (idx & 15)] = float(idx >> 4);
+    for (int idx = lane; idx < 16 * 16; idx += 32)
+      s_w[(idx >> 4) * Cfg::kLdS + (idx & 15)] = float(idx >> 4);
     __syncwarp();
     wmma::load_matrix_sync(row_of, s_w, Cfg::kLdS, wmma::mem_row_major);
     __syncwarp();
@@ -392,7 +393,8 @@ __device__ __forceinline__ void attention_cta(const AttnParams& p) {
   if (q0 >= len) return;  // uniform over the CTA
 
   const int64_t qkv_stride = 3LL * p.hidden;
-  const T* q_base = static_cast<const T*>(p.qkv) + tok0 * qkv_stride + static_cast<int64_t>(head) * D;
+  const T* q_base =
+      static_cast<const T*>(p.qkv) + tok0 * qkv_stride + static_cast<int64_t>(head) * D;
   const T* k_base = q_base + p.hidden;
   const T* v_base = q_base + 2LL * p.hidden;
   T* out = static_cast<T*>(p.out) + tok0 * p.hidden + static_cast<int64_t>(head) * D;
@@ -433,16 +435,16 @@ __device__ __forceinline__ void attention_cta(const AttnParams& p) {
     }
     if (!__syncthreads_or(key_ok)) continue;  // every key of this tile is masked
     auto key_row_ok = [&](int r) { return s_key_bias[r] == 0.f; };
-    load_rows<T, D, Cfg::kLdK, BN>(s_k, k_base + static_cast<int64_t>(j0) * qkv_stride,
-                                   qkv_stride, key_row_ok);
-    load_rows<T, D, Cfg::kLdV, BN>(s_v, v_base + static_cast<int64_t>(j0) * qkv_stride,
-                                   qkv_stride, key_row_ok);
+    load_rows<T, D, Cfg::kLdK, BN>(s_k, k_base + static_cast<int64_t>(j0) * qkv_stride, qkv_stride,
+                                   key_row_ok);
+    load_rows<T, D, Cfg::kLdV, BN>(s_v, v_base + static_cast<int64_t>(j0) * qkv_stride, qkv_stride,
+                                   key_row_ok);
     __syncthreads();
 
     tile.scores(q_w, s_k, s_w);
     __syncwarp();
-    softmax_tile<T, BN, Cfg::kLdS, Cfg::kLdP>(s_w, p_w, s_key_bias, alpha_w, p.scale_log2, m_i,
-                                              l_i, lane);
+    softmax_tile<T, BN, Cfg::kLdS, Cfg::kLdP>(s_w, p_w, s_key_bias, alpha_w, p.scale_log2, m_i, l_i,
+                                              lane);
     __syncwarp();
     tile.rescale(alpha_w);
     tile.accumulate(p_w, s_v);
@@ -476,8 +478,9 @@ cudaError_t attention_typed(const AttnParams& p, int64_t batch, int num_heads,
   using Cfg = AttnConfig<T, D>;
   const size_t smem = Cfg::kSmemBytes;
   if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        attention_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    const cudaError_t err =
+        cudaFuncSetAttribute(attention_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem));
     if (err != cudaSuccess) return err;
   }
   const dim3 grid(static_cast<unsigned>((p.seqlen + kBlockM - 1) / kBlockM),
@@ -486,31 +489,14 @@ cudaError_t attention_typed(const AttnParams& p, int64_t batch, int num_heads,
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t attention_by_head_dim(const AttnParams& p, int64_t batch, int num_heads, int head_dim,
-                                  cudaStream_t stream) {
-  switch (head_dim) {
-    case 32: return attention_typed<T, 32>(p, batch, num_heads, stream);
-    case 64: return attention_typed<T, 64>(p, batch, num_heads, stream);
-    case 80: return attention_typed<T, 80>(p, batch, num_heads, stream);
-    case 96: return attention_typed<T, 96>(p, batch, num_heads, stream);
-    case 128: return attention_typed<T, 128>(p, batch, num_heads, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 }  // namespace
-
-bool attention_supports_head_dim(int head_dim) {
-  return head_dim == 32 || head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
-}
 
 cudaError_t launch_attention(void* out, const void* qkv, const uint8_t* mask,
                              const int32_t* cu_seqlens, int64_t batch, int64_t seqlen,
                              int64_t total_tokens, int num_heads, int head_dim, float scale,
                              int dtype, cudaStream_t stream) {
-  if (!attention_supports_head_dim(head_dim) || num_heads < 1 || num_heads > 65535 ||
-      batch < 0 || batch > 65535 || seqlen < 0 || seqlen > (1LL << 30) || total_tokens < 0)
+  if (num_heads < 1 || num_heads > kMaxGridYZ || batch < 0 || batch > kMaxGridYZ || seqlen < 0 ||
+      seqlen > kMaxCudaSeqLen || total_tokens < 0)
     return cudaErrorInvalidValue;
   // 16-byte vector loads of Q/K/V rows: the base must be 16-byte aligned (row
   // stride 3H and column offsets h*D are multiples of 16 bytes for these D).
@@ -525,13 +511,13 @@ cudaError_t launch_attention(void* out, const void* qkv, const uint8_t* mask,
   p.total_tokens = total_tokens;
   p.hidden = num_heads * head_dim;
   p.scale_log2 = scale * kLog2e;
-  switch (dtype) {
-    case kFloat32: return attention_by_head_dim<float>(p, batch, num_heads, head_dim, stream);
-    case kFloat16: return attention_by_head_dim<__half>(p, batch, num_heads, head_dim, stream);
-    case kBFloat16:
-      return attention_by_head_dim<__nv_bfloat16>(p, batch, num_heads, head_dim, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Instantiated for exactly the head dims of constants.h; any other is rejected.
+    return dispatch_int(CudaAttentionHeadDims{}, head_dim, [&](auto d) {
+      return attention_typed<T, decltype(d)::value>(p, batch, num_heads, stream);
+    });
+  });
 }
 
 }  // namespace cuda

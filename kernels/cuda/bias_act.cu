@@ -29,8 +29,8 @@ __device__ __forceinline__ float activate(float x) {
 }
 
 template <typename T, int VEC, int ACT>
-__global__ void bias_act_kernel(T* out, const T* x, const T* __restrict__ bias,
-                                int64_t num_vectors, int64_t width) {
+__global__ void bias_act_kernel(T* out, const T* x, const T* __restrict__ bias, int64_t num_vectors,
+                                int64_t width) {
   // out and x may alias (in place): no __restrict__ on them, and each vector is
   // read completely before it is written by the same thread.
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -52,8 +52,8 @@ __global__ void bias_act_kernel(T* out, const T* x, const T* __restrict__ bias,
 }
 
 template <typename T, int ACT>
-cudaError_t bias_act_typed(void* out, const void* x, const void* bias, int64_t rows,
-                           int64_t width, cudaStream_t stream) {
+cudaError_t bias_act_typed(void* out, const void* x, const void* bias, int64_t rows, int64_t width,
+                           cudaStream_t stream) {
   constexpr int kVec = Vec16<T>::kElems;
   const bool vectorised = width % kVec == 0 && is_aligned16(out) && is_aligned16(x) &&
                           (bias == nullptr || is_aligned16(bias));
@@ -72,33 +72,18 @@ cudaError_t bias_act_typed(void* out, const void* x, const void* bias, int64_t r
   return run(std::integral_constant<int, 1>{});
 }
 
-template <typename T>
-cudaError_t bias_act_dispatch_act(void* out, const void* x, const void* bias, int64_t rows,
-                                  int64_t width, int activation, cudaStream_t stream) {
-  switch (activation) {
-    case kGeluErf: return bias_act_typed<T, kGeluErf>(out, x, bias, rows, width, stream);
-    case kGeluTanh: return bias_act_typed<T, kGeluTanh>(out, x, bias, rows, width, stream);
-    case kRelu: return bias_act_typed<T, kRelu>(out, x, bias, rows, width, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 }  // namespace
 
-cudaError_t launch_bias_act(void* out, const void* x, const void* bias, int64_t rows,
-                            int64_t width, int activation, int dtype, cudaStream_t stream) {
+cudaError_t launch_bias_act(void* out, const void* x, const void* bias, int64_t rows, int64_t width,
+                            int activation, int dtype, cudaStream_t stream) {
   if (rows < 0 || width < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  switch (dtype) {
-    case kFloat32:
-      return bias_act_dispatch_act<float>(out, x, bias, rows, width, activation, stream);
-    case kFloat16:
-      return bias_act_dispatch_act<__half>(out, x, bias, rows, width, activation, stream);
-    case kBFloat16:
-      return bias_act_dispatch_act<__nv_bfloat16>(out, x, bias, rows, width, activation, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return dispatch_activation(activation, [&](auto act) {
+      return bias_act_typed<T, decltype(act)::value>(out, x, bias, rows, width, stream);
+    });
+  });
 }
 
 }  // namespace cuda

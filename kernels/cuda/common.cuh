@@ -9,9 +9,58 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
+
+#include "constants.h"
 
 namespace bertfast {
 namespace cuda {
+
+// ---------------------------------------------------------------- dispatch
+// The one place a runtime code becomes a template argument. `f` is a generic
+// lambda returning cudaError_t; an unknown code gives cudaErrorInvalidValue.
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// f(TypeTag<float | __half | __nv_bfloat16>) for a DType code (constants.h).
+template <typename F>
+cudaError_t dispatch_dtype(int dtype, F&& f) {
+  switch (dtype) {
+    case kFloat32:
+      return f(TypeTag<float>{});
+    case kFloat16:
+      return f(TypeTag<__half>{});
+    case kBFloat16:
+      return f(TypeTag<__nv_bfloat16>{});
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+// f(std::integral_constant<int, ACT>) for an Activation code (constants.h).
+template <typename F>
+cudaError_t dispatch_activation(int activation, F&& f) {
+  switch (activation) {
+    case kGeluErf:
+      return f(std::integral_constant<int, kGeluErf>{});
+    case kGeluTanh:
+      return f(std::integral_constant<int, kGeluTanh>{});
+    case kRelu:
+      return f(std::integral_constant<int, kRelu>{});
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+// f(std::integral_constant<int, V>) for the V of the list equal to `value`.
+template <int... V, typename F>
+cudaError_t dispatch_int(IntList<V...>, int value, F&& f) {
+  cudaError_t err = cudaErrorInvalidValue;
+  (void)((value == V ? (err = f(std::integral_constant<int, V>{}), true) : false) || ...);
+  return err;
+}
 
 // ---------------------------------------------------------------- conversions
 __device__ __forceinline__ float to_float(float x) { return x; }
@@ -21,9 +70,13 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162f
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
 template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
@@ -32,7 +85,9 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
 // x rounded to the storage type T and back: what an op computed in T by torch
 // (one fp32 operation, one rounding) leaves behind.
 template <typename T>
-__device__ __forceinline__ float round_to(float x) { return to_float(from_float<T>(x)); }
+__device__ __forceinline__ float round_to(float x) {
+  return to_float(from_float<T>(x));
+}
 
 // Elements of T in one 128-bit vector.
 template <typename T>
@@ -77,18 +132,11 @@ __device__ __forceinline__ void store_vec(T* __restrict__ ptr, const float (&in)
 }
 
 // ---------------------------------------------------------------- reductions
-// Full-warp sums/maxima: every lane of the warp must be active (callers keep
+// Full-warp sum: every lane of the warp must be active (callers keep
 // whole warps alive until after the reduction).
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 

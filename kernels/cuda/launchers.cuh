@@ -3,8 +3,9 @@
 //
 // Every launcher enqueues its kernel(s) on `stream`, on the current device (the
 // caller sets it), and returns cudaGetLastError() after the launch, or
-// cudaErrorInvalidValue for a configuration it does not support (the Python
-// wrapper's `supports` rules those out first). Pointers are device pointers;
+// cudaErrorInvalidValue for a configuration it does not support (the binding has
+// checked every tensor's device, dtype, contiguity and sizes against the sizes
+// passed here, and the limits of csrc/constants.h). Pointers are device pointers;
 // optional ones may be null. All tensors are contiguous.
 #pragma once
 
@@ -12,26 +13,21 @@
 
 #include <cstdint>
 
+#include "constants.h"
+
 namespace bertfast {
 namespace cuda {
 
-// Storage dtype codes shared with bertfast/ops/cuda.py.
-enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-
-// Activation codes shared with bertfast/ops/cuda.py.
-enum Activation : int { kGeluErf = 0, kGeluTanh = 1, kRelu = 2 };
-
-// Largest LayerNorm width the kernels hold in registers (512 threads x 32).
-constexpr int64_t kMaxLayerNormWidth = 16384;
+// dtype / activation codes and size limits: csrc/constants.h.
 
 // out[r] = LN(word[ids[r]] + type[type_ids[r]] + pos[pos_ids[r]]) * weight + bias.
 // ids are int64; a row whose id is out of range is written as NaN.
 cudaError_t launch_embed_layernorm(void* out, const int64_t* input_ids, const int64_t* position_ids,
-                                   const int64_t* token_type_ids, const void* word,
-                                   const void* pos, const void* types, const void* weight,
-                                   const void* bias, int64_t rows, int64_t width,
-                                   int64_t vocab, int64_t max_positions, int64_t type_vocab,
-                                   float eps, int dtype, cudaStream_t stream);
+                                   const int64_t* token_type_ids, const void* word, const void* pos,
+                                   const void* types, const void* weight, const void* bias,
+                                   int64_t rows, int64_t width, int64_t vocab,
+                                   int64_t max_positions, int64_t type_vocab, float eps, int dtype,
+                                   cudaStream_t stream);
 
 // out[r] = LN((x[r] + bias) + residual[r]) * weight + ln_bias (bias optional).
 cudaError_t launch_add_layernorm(void* out, const void* x, const void* residual, const void* bias,
@@ -39,11 +35,8 @@ cudaError_t launch_add_layernorm(void* out, const void* x, const void* residual,
                                  int64_t width, float eps, int dtype, cudaStream_t stream);
 
 // out = act(x + bias) over [rows, width] (bias optional, out may equal x).
-cudaError_t launch_bias_act(void* out, const void* x, const void* bias, int64_t rows,
-                            int64_t width, int activation, int dtype, cudaStream_t stream);
-
-// Head dims the attention kernel is instantiated for.
-bool attention_supports_head_dim(int head_dim);
+cudaError_t launch_bias_act(void* out, const void* x, const void* bias, int64_t rows, int64_t width,
+                            int activation, int dtype, cudaStream_t stream);
 
 // Padded: qkv [batch, seqlen, 3H], mask [batch, seqlen] bytes (nonzero = real
 // token, may be null) -> out [batch, seqlen, H].
@@ -56,9 +49,8 @@ cudaError_t launch_attention(void* out, const void* qkv, const uint8_t* mask,
 
 // out[t] = x[indices[t]] for t < num_indices; rows are row_bytes bytes; an
 // index outside [0, num_src_rows) gives a zero row.
-cudaError_t launch_pack_rows(void* out, const void* x, const int64_t* indices,
-                             int64_t num_indices, int64_t num_src_rows, int64_t row_bytes,
-                             cudaStream_t stream);
+cudaError_t launch_pack_rows(void* out, const void* x, const int64_t* indices, int64_t num_indices,
+                             int64_t num_src_rows, int64_t row_bytes, cudaStream_t stream);
 
 // out = zeros[num_out_rows]; out[indices[t]] = x[t]; an index outside
 // [0, num_out_rows) is skipped.

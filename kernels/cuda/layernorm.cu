@@ -25,8 +25,8 @@ namespace bertfast {
 namespace cuda {
 namespace {
 
-constexpr int kRowsPerWarpBlock = 4;   // warp-per-row blocks are 32 x 4
-constexpr int kMaxWarpRowWidth = 1024;  // 32 lanes x 32 floats
+constexpr int kRowsPerWarpBlock = 4;     // warp-per-row blocks are 32 x 4
+constexpr int kMaxWarpRowWidth = 1024;   // 32 lanes x 32 floats
 constexpr int kMaxBlock256Width = 8192;  // 256 threads x 32 floats
 // Widest blocks: 512 threads x 32 floats = 16384 (kMaxLayerNormWidth). 512
 // threads leave 128 registers per thread, well above what a 32-float row slice
@@ -81,14 +81,14 @@ __device__ __forceinline__ void normalize_row(float (&v)[CHUNKS][VEC], T* __rest
 }
 
 template <typename T, int VEC, int CHUNKS>
-__global__ void __launch_bounds__(kMaxThreads) embed_layernorm_kernel(T* __restrict__ out, const int64_t* __restrict__ input_ids,
-                                       const int64_t* __restrict__ position_ids,
-                                       const int64_t* __restrict__ token_type_ids,
-                                       const T* __restrict__ word, const T* __restrict__ pos,
-                                       const T* __restrict__ types, const T* __restrict__ weight,
-                                       const T* __restrict__ bias, int64_t rows, int width,
-                                       int64_t vocab, int64_t max_positions, int64_t type_vocab,
-                                       float eps) {
+__global__ void __launch_bounds__(kMaxThreads)
+    embed_layernorm_kernel(T* __restrict__ out, const int64_t* __restrict__ input_ids,
+                           const int64_t* __restrict__ position_ids,
+                           const int64_t* __restrict__ token_type_ids, const T* __restrict__ word,
+                           const T* __restrict__ pos, const T* __restrict__ types,
+                           const T* __restrict__ weight, const T* __restrict__ bias, int64_t rows,
+                           int width, int64_t vocab, int64_t max_positions, int64_t type_vocab,
+                           float eps) {
   __shared__ float scratch[32];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= rows) return;  // a whole warp (warp path) or block (block path) leaves together
@@ -143,10 +143,11 @@ __global__ void __launch_bounds__(kMaxThreads) embed_layernorm_kernel(T* __restr
 }
 
 template <typename T, int VEC, int CHUNKS>
-__global__ void __launch_bounds__(kMaxThreads) add_layernorm_kernel(T* __restrict__ out, const T* __restrict__ x,
-                                     const T* __restrict__ residual, const T* __restrict__ bias,
-                                     const T* __restrict__ weight, const T* __restrict__ ln_bias,
-                                     int64_t rows, int width, float eps) {
+__global__ void __launch_bounds__(kMaxThreads)
+    add_layernorm_kernel(T* __restrict__ out, const T* __restrict__ x,
+                         const T* __restrict__ residual, const T* __restrict__ bias,
+                         const T* __restrict__ weight, const T* __restrict__ ln_bias, int64_t rows,
+                         int width, float eps) {
   __shared__ float scratch[32];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= rows) return;
@@ -212,24 +213,35 @@ RowLaunch row_launch(int64_t rows, int64_t width, int vec) {
 template <int VEC, typename F>
 cudaError_t with_chunks(int chunks, F&& f) {
   switch (chunks) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: if constexpr (2 * VEC <= 32) return f(std::integral_constant<int, 2>{}); break;
-    case 4: if constexpr (4 * VEC <= 32) return f(std::integral_constant<int, 4>{}); break;
-    case 8: if constexpr (8 * VEC <= 32) return f(std::integral_constant<int, 8>{}); break;
-    case 16: if constexpr (16 * VEC <= 32) return f(std::integral_constant<int, 16>{}); break;
-    case 32: if constexpr (32 * VEC <= 32) return f(std::integral_constant<int, 32>{}); break;
-    default: break;
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      if constexpr (2 * VEC <= 32) return f(std::integral_constant<int, 2>{});
+      break;
+    case 4:
+      if constexpr (4 * VEC <= 32) return f(std::integral_constant<int, 4>{});
+      break;
+    case 8:
+      if constexpr (8 * VEC <= 32) return f(std::integral_constant<int, 8>{});
+      break;
+    case 16:
+      if constexpr (16 * VEC <= 32) return f(std::integral_constant<int, 16>{});
+      break;
+    case 32:
+      if constexpr (32 * VEC <= 32) return f(std::integral_constant<int, 32>{});
+      break;
+    default:
+      break;
   }
   return cudaErrorInvalidValue;
 }
 
 template <typename T>
 cudaError_t embed_layernorm_typed(void* out, const int64_t* input_ids, const int64_t* position_ids,
-                                  const int64_t* token_type_ids, const void* word,
-                                  const void* pos, const void* types, const void* weight,
-                                  const void* bias, int64_t rows, int64_t width, int64_t vocab,
-                                  int64_t max_positions, int64_t type_vocab, float eps,
-                                  cudaStream_t stream) {
+                                  const int64_t* token_type_ids, const void* word, const void* pos,
+                                  const void* types, const void* weight, const void* bias,
+                                  int64_t rows, int64_t width, int64_t vocab, int64_t max_positions,
+                                  int64_t type_vocab, float eps, cudaStream_t stream) {
   constexpr int kVec = Vec16<T>::kElems;
   const bool vectorised = width % kVec == 0 && is_aligned16(out) && is_aligned16(word) &&
                           is_aligned16(pos) && (types == nullptr || is_aligned16(types)) &&
@@ -242,8 +254,8 @@ cudaError_t embed_layernorm_typed(void* out, const int64_t* input_ids, const int
       embed_layernorm_kernel<T, VEC, CHUNKS><<<l.grid, l.block, 0, stream>>>(
           static_cast<T*>(out), input_ids, position_ids, token_type_ids,
           static_cast<const T*>(word), static_cast<const T*>(pos), static_cast<const T*>(types),
-          static_cast<const T*>(weight), static_cast<const T*>(bias), rows,
-          static_cast<int>(width), vocab, max_positions, type_vocab, eps);
+          static_cast<const T*>(weight), static_cast<const T*>(bias), rows, static_cast<int>(width),
+          vocab, max_positions, type_vocab, eps);
       return cudaGetLastError();
     });
   };
@@ -277,36 +289,25 @@ cudaError_t add_layernorm_typed(void* out, const void* x, const void* residual, 
 
 bool layernorm_shape_ok(int64_t rows, int64_t width) {
   // grid.x is at most 2^31 - 1 blocks (one row per block on the block path).
-  return width >= 1 && width <= kMaxLayerNormWidth && rows >= 0 && rows <= 0x7fffffffLL;
+  return width >= 1 && width <= kMaxLayerNormWidth && rows >= 0 && rows <= kMaxCudaRows;
 }
 
 }  // namespace
 
 cudaError_t launch_embed_layernorm(void* out, const int64_t* input_ids, const int64_t* position_ids,
-                                   const int64_t* token_type_ids, const void* word,
-                                   const void* pos, const void* types, const void* weight,
-                                   const void* bias, int64_t rows, int64_t width,
-                                   int64_t vocab, int64_t max_positions, int64_t type_vocab,
-                                   float eps, int dtype, cudaStream_t stream) {
+                                   const int64_t* token_type_ids, const void* word, const void* pos,
+                                   const void* types, const void* weight, const void* bias,
+                                   int64_t rows, int64_t width, int64_t vocab,
+                                   int64_t max_positions, int64_t type_vocab, float eps, int dtype,
+                                   cudaStream_t stream) {
   if (!layernorm_shape_ok(rows, width)) return cudaErrorInvalidValue;
-  if ((types == nullptr) != (token_type_ids == nullptr)) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  switch (dtype) {
-    case kFloat32:
-      return embed_layernorm_typed<float>(out, input_ids, position_ids, token_type_ids, word, pos,
-                                          types, weight, bias, rows, width, vocab, max_positions,
-                                          type_vocab, eps, stream);
-    case kFloat16:
-      return embed_layernorm_typed<__half>(out, input_ids, position_ids, token_type_ids, word,
-                                           pos, types, weight, bias, rows, width, vocab,
-                                           max_positions, type_vocab, eps, stream);
-    case kBFloat16:
-      return embed_layernorm_typed<__nv_bfloat16>(out, input_ids, position_ids, token_type_ids,
-                                                  word, pos, types, weight, bias, rows, width,
-                                                  vocab, max_positions, type_vocab, eps, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return embed_layernorm_typed<T>(out, input_ids, position_ids, token_type_ids, word, pos, types,
+                                    weight, bias, rows, width, vocab, max_positions, type_vocab,
+                                    eps, stream);
+  });
 }
 
 cudaError_t launch_add_layernorm(void* out, const void* x, const void* residual, const void* bias,
@@ -314,19 +315,11 @@ cudaError_t launch_add_layernorm(void* out, const void* x, const void* residual,
                                  int64_t width, float eps, int dtype, cudaStream_t stream) {
   if (!layernorm_shape_ok(rows, width)) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  switch (dtype) {
-    case kFloat32:
-      return add_layernorm_typed<float>(out, x, residual, bias, weight, ln_bias, rows, width, eps,
-                                        stream);
-    case kFloat16:
-      return add_layernorm_typed<__half>(out, x, residual, bias, weight, ln_bias, rows, width,
-                                         eps, stream);
-    case kBFloat16:
-      return add_layernorm_typed<__nv_bfloat16>(out, x, residual, bias, weight, ln_bias, rows,
-                                                width, eps, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return add_layernorm_typed<T>(out, x, residual, bias, weight, ln_bias, rows, width, eps,
+                                  stream);
+  });
 }
 
 }  // namespace cuda

@@ -109,9 +109,8 @@ cudaError_t launch_by_unit(void* out, const void* x, const int64_t* indices, int
 
 }  // namespace
 
-cudaError_t launch_pack_rows(void* out, const void* x, const int64_t* indices,
-                             int64_t num_indices, int64_t num_src_rows, int64_t row_bytes,
-                             cudaStream_t stream) {
+cudaError_t launch_pack_rows(void* out, const void* x, const int64_t* indices, int64_t num_indices,
+                             int64_t num_src_rows, int64_t row_bytes, cudaStream_t stream) {
   if (num_indices < 0 || row_bytes < 0) return cudaErrorInvalidValue;
   if (num_indices == 0 || row_bytes == 0) return cudaSuccess;
   return launch_by_unit<true>(out, x, indices, num_indices, num_src_rows, row_bytes, stream);

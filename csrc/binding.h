@@ -1,0 +1,348 @@
+// What the CPU (csrc/cpu_ops.cpp) and CUDA (csrc/cuda/cuda_ops.cpp) bindings share:
+// the at::Tensor <-> torch.Tensor caster, argument checks that raise a Python
+// exception naming the op and the argument, and the per-op validation, written
+// once for both backends (one argument order for both; the CUDA entry points add
+// a trailing `stream`).
+//
+// Only CPU-side ATen headers: the CUDA binding compiles against a CPU-only torch.
+// Kernels never include this header (they take raw pointers and sizes that the
+// checks here have validated against the tensors' real extents).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/utils/pybind.h>  // type_caster<at::Tensor>; torch's own pybind11
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "constants.h"
+
+namespace bertfast {
+namespace binding {
+
+namespace py = pybind11;
+using at::Tensor;
+using OptTensor = std::optional<at::Tensor>;
+using release_gil = py::call_guard<py::gil_scoped_release>;
+
+// One native entry point's checks: every failure raises ValueError / TypeError /
+// IndexError "bertfast._C.<backend>.<op>: <what was wrong>". Every tensor must be
+// strided, contiguous and on the same device (the first one checked fixes it).
+class Op {
+ public:
+  Op(const char* backend, const char* name, c10::DeviceType device_type)
+      : backend_(backend), name_(name), device_type_(device_type) {}
+
+  [[noreturn]] void value_error(const std::string& msg) const {
+    throw py::value_error(prefix() + msg);
+  }
+  [[noreturn]] void type_error(const std::string& msg) const {
+    throw py::type_error(prefix() + msg);
+  }
+  [[noreturn]] void index_error(const std::string& msg) const {
+    throw py::index_error(prefix() + msg);
+  }
+
+  // Strided, contiguous, on this op's device.
+  void tensor(const Tensor& t, const char* name) {
+    if (!t.defined()) type_error(std::string(name) + " is an undefined tensor");
+    if (t.layout() != c10::kStrided)
+      type_error(std::string(name) + " must be a strided (dense) tensor");
+    const c10::Device dev = t.device();
+    if (dev.type() != device_type_)
+      value_error(std::string(name) + " is on " + dev.str() + "; this entry point takes " +
+                  c10::DeviceTypeName(device_type_, /*lower_case=*/true) + " tensors");
+    if (!device_) {
+      device_ = dev;
+    } else if (*device_ != dev) {
+      value_error(std::string(name) + " is on " + dev.str() + ", the other tensors on " +
+                  device_->str());
+    }
+    if (!t.is_contiguous()) value_error(std::string(name) + " must be contiguous");
+  }
+
+  // tensor() with a floating-point storage dtype the kernels take; returns its DType.
+  int float_tensor(const Tensor& t, const char* name) {
+    tensor(t, name);
+    switch (t.scalar_type()) {
+      case at::kFloat:
+        return kFloat32;
+      case at::kHalf:
+        return kFloat16;
+      case at::kBFloat16:
+        return kBFloat16;
+      default:
+        type_error(std::string(name) + " has dtype " + c10::toString(t.scalar_type()) +
+                   "; expected float32, float16 or bfloat16");
+    }
+  }
+
+  // tensor() of exactly this dtype.
+  void tensor(const Tensor& t, const char* name, at::ScalarType dtype) {
+    tensor(t, name);
+    if (t.scalar_type() != dtype)
+      type_error(std::string(name) + " has dtype " + c10::toString(t.scalar_type()) +
+                 ", expected " + c10::toString(dtype));
+  }
+
+  // tensor() with ref's dtype.
+  void like(const Tensor& t, const char* name, const Tensor& ref, const char* ref_name) {
+    tensor(t, name);
+    if (t.scalar_type() != ref.scalar_type())
+      type_error(std::string(name) + " has dtype " + c10::toString(t.scalar_type()) + " but " +
+                 ref_name + " has " + c10::toString(ref.scalar_type()));
+  }
+
+  void dims(const Tensor& t, const char* name, int64_t n) const {
+    if (t.dim() != n)
+      value_error(std::string(name) + " must have " + std::to_string(n) +
+                  " dimension(s), got shape " + shape(t));
+  }
+
+  void min_dims(const Tensor& t, const char* name, int64_t n) const {
+    if (t.dim() < n)
+      value_error(std::string(name) + " must have at least " + std::to_string(n) +
+                  " dimension(s), got shape " + shape(t));
+  }
+
+  void size(const Tensor& t, const char* name, int64_t dim, int64_t expected,
+            const char* what) const {
+    const int64_t got = t.size(dim);
+    if (got != expected)
+      value_error(std::string(name) + " has size " + std::to_string(got) + " in dim " +
+                  std::to_string(dim < 0 ? dim + t.dim() : dim) + ", expected " +
+                  std::to_string(expected) + " (" + what + ")");
+  }
+
+  // 1-D [n] with ref's dtype.
+  void vector(const Tensor& t, const char* name, int64_t n, const Tensor& ref,
+              const char* ref_name) {
+    like(t, name, ref, ref_name);
+    dims(t, name, 1);
+    size(t, name, 0, n, "the row width");
+  }
+
+  // Integer ids the kernels index with: int64, `shape`.
+  void ids(const Tensor& t, const char* name, at::IntArrayRef expected_shape,
+           const char* shape_of) {
+    tensor(t, name, at::kLong);
+    if (t.sizes() != expected_shape)
+      value_error(std::string(name) + " has shape " + shape(t) + ", expected " +
+                  shape(expected_shape) + " (the shape of " + shape_of + ")");
+  }
+
+  // The activation code of `name` (None -> kNoActivation when allowed).
+  int activation(const std::optional<std::string>& name, bool allow_none) const {
+    if (!name) {
+      if (allow_none) return kNoActivation;
+      value_error("activation must be one of gelu, gelu_tanh, relu, got None");
+    }
+    for (int code = 0; code < static_cast<int>(std::size(kActivationNames)); ++code)
+      if (*name == kActivationNames[code]) return code;
+    value_error("unknown activation '" + *name + "'; expected gelu, gelu_tanh or relu" +
+                (allow_none ? " (or None)" : ""));
+  }
+
+  void positive(double v, const char* name) const {
+    if (!(v > 0)) value_error(std::string(name) + " must be positive, got " + std::to_string(v));
+  }
+
+  const char* name() const { return name_; }
+
+  static std::string shape(at::IntArrayRef sizes) {
+    std::string s = "(";
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (i) s += ", ";
+      s += std::to_string(sizes[i]);
+    }
+    return s + (sizes.size() == 1 ? ",)" : ")");
+  }
+  static std::string shape(const Tensor& t) { return shape(t.sizes()); }
+
+ private:
+  std::string prefix() const { return std::string("bertfast._C.") + backend_ + "." + name_ + ": "; }
+
+  const char* backend_;
+  const char* name_;
+  c10::DeviceType device_type_;
+  std::optional<c10::Device> device_;
+};
+
+// ---------------------------------------------------------------- per-op checks
+// Each validates every tensor the kernel reads or writes and returns the sizes it
+// derived; the binding allocates the output from them.
+
+struct EmbedArgs {
+  int dtype;
+  int64_t tokens, width, vocab, num_pos, num_types;  // num_types 0 without token types
+};
+
+inline EmbedArgs check_embed_layernorm(Op& op, const Tensor& input_ids, const Tensor& position_ids,
+                                       const OptTensor& token_type_ids, const Tensor& word,
+                                       const Tensor& pos, const OptTensor& types,
+                                       const Tensor& weight, const Tensor& bias, double eps) {
+  EmbedArgs a{};
+  a.dtype = op.float_tensor(word, "word_embeddings");
+  op.dims(word, "word_embeddings", 2);
+  a.vocab = word.size(0);
+  a.width = word.size(1);
+  op.like(pos, "position_embeddings", word, "word_embeddings");
+  op.dims(pos, "position_embeddings", 2);
+  op.size(pos, "position_embeddings", 1, a.width, "word_embeddings width");
+  a.num_pos = pos.size(0);
+  if (types.has_value() != token_type_ids.has_value())
+    op.value_error("token_type_ids and token_type_embeddings must be given together");
+  if (types) {
+    op.like(*types, "token_type_embeddings", word, "word_embeddings");
+    op.dims(*types, "token_type_embeddings", 2);
+    op.size(*types, "token_type_embeddings", 1, a.width, "word_embeddings width");
+    a.num_types = types->size(0);
+  }
+  op.vector(weight, "weight", a.width, word, "word_embeddings");
+  op.vector(bias, "bias", a.width, word, "word_embeddings");
+  op.tensor(input_ids, "input_ids", at::kLong);
+  op.ids(position_ids, "position_ids", input_ids.sizes(), "input_ids");
+  if (token_type_ids) op.ids(*token_type_ids, "token_type_ids", input_ids.sizes(), "input_ids");
+  op.positive(eps, "eps");
+  a.tokens = input_ids.numel();
+  return a;
+}
+
+inline std::vector<int64_t> embed_out_shape(const Tensor& input_ids, int64_t width) {
+  std::vector<int64_t> shape(input_ids.sizes().begin(), input_ids.sizes().end());
+  shape.push_back(width);
+  return shape;
+}
+
+struct RowsArgs {
+  int dtype;
+  int64_t rows, width;
+};
+
+inline RowsArgs check_add_layernorm(Op& op, const Tensor& x, const Tensor& residual,
+                                    const OptTensor& bias, const Tensor& weight,
+                                    const Tensor& ln_bias, double eps) {
+  RowsArgs a{};
+  a.dtype = op.float_tensor(x, "x");
+  op.min_dims(x, "x", 1);
+  a.width = x.size(-1);
+  a.rows = a.width ? x.numel() / a.width : 0;
+  op.like(residual, "residual", x, "x");
+  if (residual.sizes() != x.sizes())
+    op.value_error("residual has shape " + Op::shape(residual) + ", x has " + Op::shape(x));
+  if (bias) op.vector(*bias, "bias", a.width, x, "x");
+  op.vector(weight, "weight", a.width, x, "x");
+  op.vector(ln_bias, "ln_bias", a.width, x, "x");
+  op.positive(eps, "eps");
+  return a;
+}
+
+struct BiasActArgs {
+  int dtype, activation;
+  int64_t rows, width;
+};
+
+inline BiasActArgs check_bias_act(Op& op, const Tensor& x, const OptTensor& bias,
+                                  const std::string& activation) {
+  BiasActArgs a{};
+  a.dtype = op.float_tensor(x, "x");
+  op.min_dims(x, "x", 1);
+  a.width = x.size(-1);
+  a.rows = a.width ? x.numel() / a.width : 0;
+  if (bias) op.vector(*bias, "bias", a.width, x, "x");
+  a.activation = op.activation(activation, /*allow_none=*/false);
+  return a;
+}
+
+struct AttentionArgs {
+  int dtype;
+  int64_t batch, seqlen, tokens, hidden, num_heads, head_dim;
+};
+
+inline void check_heads(Op& op, const Tensor& qkv, int64_t num_heads, AttentionArgs& a) {
+  const int64_t h3 = qkv.size(-1);
+  if (h3 % 3) op.value_error("qkv last dimension " + std::to_string(h3) + " is not 3 * hidden");
+  a.hidden = h3 / 3;
+  if (num_heads <= 0 || a.hidden % num_heads)
+    op.value_error("hidden size " + std::to_string(a.hidden) +
+                   " is not divisible by num_heads=" + std::to_string(num_heads));
+  a.num_heads = num_heads;
+  a.head_dim = a.hidden / num_heads;
+}
+
+inline AttentionArgs check_attention(Op& op, const Tensor& qkv, const OptTensor& mask,
+                                     int64_t num_heads) {
+  AttentionArgs a{};
+  a.dtype = op.float_tensor(qkv, "qkv");
+  op.dims(qkv, "qkv", 3);
+  check_heads(op, qkv, num_heads, a);
+  a.batch = qkv.size(0);
+  a.seqlen = qkv.size(1);
+  a.tokens = a.batch * a.seqlen;
+  if (mask) {
+    op.tensor(*mask, "attention_mask");
+    if (mask->scalar_type() != at::kBool && mask->scalar_type() != at::kByte)
+      op.type_error("attention_mask has dtype " + std::string(c10::toString(mask->scalar_type())) +
+                    ", expected bool or uint8 (nonzero = real token)");
+    if (mask->dim() != 2 || mask->size(0) != a.batch || mask->size(1) != a.seqlen)
+      op.value_error("attention_mask has shape " + Op::shape(*mask) + ", expected [batch, seq] (" +
+                     std::to_string(a.batch) + ", " + std::to_string(a.seqlen) + ")");
+  }
+  return a;
+}
+
+// Sizes only: the values of cu_seqlens are checked by the CPU kernel (it raises)
+// and clamped by the CUDA kernel (no host sync).
+inline AttentionArgs check_attention_varlen(Op& op, const Tensor& qkv, const Tensor& cu_seqlens,
+                                            int64_t max_seqlen, int64_t num_heads) {
+  AttentionArgs a{};
+  a.dtype = op.float_tensor(qkv, "qkv");
+  op.dims(qkv, "qkv", 2);
+  check_heads(op, qkv, num_heads, a);
+  op.tensor(cu_seqlens, "cu_seqlens", at::kInt);
+  op.dims(cu_seqlens, "cu_seqlens", 1);
+  if (cu_seqlens.size(0) < 1) op.value_error("cu_seqlens must have batch + 1 >= 1 entries");
+  if (max_seqlen < 0) op.value_error("max_seqlen must be >= 0, got " + std::to_string(max_seqlen));
+  a.batch = cu_seqlens.size(0) - 1;
+  a.seqlen = max_seqlen;
+  a.tokens = qkv.size(0);
+  return a;
+}
+
+struct RowMoveArgs {
+  int64_t num_indices, row_bytes;
+};
+
+inline int64_t row_bytes_of(const Tensor& x) {
+  int64_t n = x.element_size();
+  for (int64_t d = 1; d < x.dim(); ++d) n *= x.size(d);
+  return n;
+}
+
+inline RowMoveArgs check_pack_rows(Op& op, const Tensor& x, const Tensor& indices) {
+  op.tensor(x, "x");
+  op.min_dims(x, "x", 1);
+  op.tensor(indices, "indices", at::kLong);
+  op.dims(indices, "indices", 1);
+  return {indices.size(0), row_bytes_of(x)};
+}
+
+inline RowMoveArgs check_unpack_rows(Op& op, const Tensor& x, const Tensor& indices,
+                                     int64_t num_rows) {
+  RowMoveArgs a = check_pack_rows(op, x, indices);
+  op.size(indices, "indices", 0, x.size(0), "one index per row of x");
+  if (num_rows < 0) op.value_error("num_rows must be >= 0, got " + std::to_string(num_rows));
+  return a;
+}
+
+inline std::vector<int64_t> rows_shape(const Tensor& x, int64_t rows) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape[0] = rows;
+  return shape;
+}
+
+}  // namespace binding
+}  // namespace bertfast
