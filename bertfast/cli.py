@@ -2,6 +2,9 @@
 
     bertfast info                      what this installation can run
     bertfast encode [CKPT] --input texts.txt --output vectors.npy
+                                       (.txt/.jsonl/.csv/.parquet -> .npy/.parquet/.jsonl,
+                                       streamed; --ray [ADDRESS] for Ray Data)
+    bertfast serve  [--model CKPT]     HTTP embedding server on Ray Serve
     bertfast check  [CKPT]             bertfast vs transformers on sample sentences
     bertfast bench  ...                benchmarks (bertfast.bench)
 
@@ -19,6 +22,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 from typing import List, Optional, Sequence
+
+from .stream import DEFAULT_CHUNK_SIZE
 
 #: End-to-end fp32 tolerance of ``bertfast check`` (max abs difference against
 #: transformers with TF32 off). Encoders of this size reach ~1e-6 when the kernels
@@ -200,35 +205,262 @@ def cmd_info(args) -> int:
 
 
 # ---------------------------------------------------------------- encode
-def cmd_encode(args) -> int:
-    import numpy as np
+def _stream_error(exc) -> UserError:
+    return UserError(str(exc))
 
-    texts = _read_lines(args.input)
-    output = Path(args.output)
-    if output.suffix != ".npy":
-        raise UserError(f"output {args.output!r} must end in .npy")
-    if output.is_dir():
-        raise UserError(f"output {args.output!r} is a folder")
-    if not output.parent.exists():
-        raise UserError(f"output folder {str(output.parent)!r} does not exist")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
-    path = _checkpoint(args.checkpoint)
-    start = time.perf_counter()
-    embedder = _load_embedder(path, args)
-    loaded = time.perf_counter()
-    show = None if args.progress is None else args.progress
-    vectors = embedder.encode(texts, batch_size=args.batch_size, normalize=args.normalize,
-                              show_progress=show)
-    done = time.perf_counter()
+
+def _encode_settings(path: Path, args, embedder) -> dict:
+    """What a resumed run must share with the run it continues."""
+    return {"checkpoint": str(path.resolve()), "dtype": args.dtype,
+            "normalize": embedder.normalize if args.normalize is None else args.normalize,
+            "max_length": embedder.max_length, "pooling": list(embedder.pooling),
+            "field": args.field, "keep": list(args.keep)}
+
+
+def cmd_encode(args) -> int:
+    """Stream texts from a file into .npy / .parquet / .jsonl, chunk by chunk
+    (bertfast.stream), or through Ray Data with --ray."""
+    from . import stream
+
+    args.keep = [k for item in (args.keep or []) for k in item.split(",") if k]
+    if args.ray is not None:
+        return cmd_encode_ray(args)
+    args.device = args.device or "cpu"
     try:
-        np.save(output, np.asarray(vectors, dtype=np.float32))
-    except OSError as exc:
-        raise UserError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
-    rate = len(texts) / max(done - loaded, 1e-9)
-    print(f"encoded {len(texts)} text{'' if len(texts) == 1 else 's'} with {path} -> {output} "
-          f"(shape {tuple(vectors.shape)}, float32, normalized={embedder.normalize if args.normalize is None else args.normalize}); "
-          f"load {loaded - start:.2f} s, encode {done - loaded:.2f} s ({rate:.1f} texts/s)")
+        in_fmt = stream.input_format(args.input, args.input_format)
+        if args.input != "-" and not Path(args.input).exists():
+            raise UserError(f"input file {args.input!r} does not exist")
+        stream.output_format(args.output)
+        output = Path(args.output)
+        if output.is_dir():
+            raise UserError(f"output {args.output!r} is a folder")
+        if not output.parent.exists():
+            raise UserError(f"output folder {str(output.parent)!r} does not exist")
+        if args.batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, not {args.batch_size}")
+        chunk_size = stream.DEFAULT_CHUNK_SIZE if args.chunk_size is None else args.chunk_size
+        if chunk_size < 1:
+            raise UserError(f"--chunk-size must be at least 1, not {chunk_size}")
+        source = stream.open_source(args.input, in_fmt, args.field, args.keep)
+    except stream.StreamError as exc:
+        raise _stream_error(exc) from None
+    try:
+        path = _checkpoint(args.checkpoint)
+        try:
+            # Every row is checked (and counted) before the model loads.
+            scanned = source.scan(args.skip_bad, progress=bool(args.progress))
+        except stream.StreamError as exc:
+            raise _stream_error(exc) from None
+        start = time.perf_counter()
+        embedder = _load_embedder(path, args)
+        loaded = time.perf_counter()
+        try:
+            summary = stream.encode_stream(
+                embedder, source, output, chunk_size=chunk_size, batch_size=args.batch_size,
+                normalize=args.normalize, skip_bad=args.skip_bad, resume=args.resume,
+                show_progress=args.progress, settings=_encode_settings(path, args, embedder),
+                scanned=scanned)
+        except stream.StreamError as exc:
+            raise _stream_error(exc) from None
+        except OSError as exc:
+            raise UserError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
+        except KeyboardInterrupt:
+            if stream.output_format(args.output) in ("npy", "parquet"):
+                print(f"bertfast: stopped; finished chunks are kept in "
+                      f"{stream.partial_dir(output)}: rerun with --resume to continue",
+                      file=sys.stderr)
+            raise
+    finally:
+        source.close()
+    normalized = embedder.normalize if args.normalize is None else args.normalize
+    shape = (f"shape {(summary.rows, embedder.dim)}" if output.suffix.lower() == ".npy"
+             else f"{summary.rows - summary.skipped} rows of dim {embedder.dim}")
+    resumed = f", resumed at row {summary.resumed_from}" if summary.resumed_from else ""
+    noun = "text" if summary.encoded == 1 else "texts"
+    print(f"encoded {summary.encoded} {noun} with {path} -> {output} ({shape}, float32, "
+          f"normalized={normalized}{resumed}); load {loaded - start:.2f} s, encode "
+          f"{summary.seconds:.2f} s ({summary.rate:.1f} texts/s)")
+    if summary.skipped:
+        held = ("their rows hold NaN" if output.suffix.lower() == ".npy"
+                else "their ids are absent")
+        listed = "; ".join(bad.describe(source.name) for bad in summary.bad)
+        more = ", ..." if summary.skipped > len(summary.bad) else ""
+        rows = "row" if summary.skipped == 1 else "rows"
+        print(f"skipped {summary.skipped} bad {rows} ({held}): {listed}{more}")
+    return 0
+
+
+def _ray_error(exc: BaseException) -> str:
+    """The user-facing cause inside a Ray task error, as one line."""
+    import re
+
+    chain, seen = [], set()
+    while isinstance(exc, BaseException) and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = getattr(exc, "cause", None) or exc.__cause__
+    inner = chain[-1]
+    if "ray" not in type(inner).__module__.split(".")[0] and str(inner).strip():
+        return str(inner).strip().splitlines()[0]
+    # Ray's wrappers carry the original error as a "SomeError: message" line of text.
+    pattern = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$")
+    for error in reversed(chain):
+        for line in str(error).splitlines():
+            match = pattern.match(line.strip())
+            if match and not any(word in line for word in ("RayTaskError", "UserCodeException",
+                                                           "RaySystemError", "ray.exceptions")):
+                name, message = match.groups()
+                return message if name in ("ValueError", "TypeError", "CheckpointError") \
+                    else f"{name}: {message}"
+    lines = str(chain[0]).strip().splitlines()
+    return lines[-1] if lines else type(chain[0]).__name__
+
+
+def _init_ray(address: Optional[str]):
+    try:
+        import ray
+    except ImportError:
+        raise UserError("this needs Ray, which is not installed: run "
+                        "`pip install bertfast[ray]`") from None
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address or None, include_dashboard=False,
+                     logging_level="warning")
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            where = f"the Ray cluster at {address!r}" if address else "a local Ray cluster"
+            raise UserError(f"cannot start or reach {where}: {exc}") from None
+    return ray
+
+
+def cmd_encode_ray(args) -> int:
+    """--ray: Parquet in, Parquet out, through Ray Data (one model per actor)."""
+    if "://" not in args.output and Path(args.output).suffix.lower() != ".parquet":
+        raise UserError(f"with --ray, --output must be a .parquet folder (or a URI such as "
+                        f"s3://bucket/vectors/), not {args.output!r}")
+    if args.input == "-" or (args.input_format or "parquet") != "parquet" or (
+            "://" not in args.input and Path(args.input).suffix.lower() not in (".parquet", "")
+            and not Path(args.input).is_dir()):
+        raise UserError("with --ray, --input must be a Parquet file or folder (convert other "
+                        "formats with `bertfast encode` without --ray, or read them with "
+                        "Ray Data and call bertfast.ray.embed_dataset)")
+    if args.resume:
+        raise UserError("--resume works without --ray (Ray Data retries failed work itself)")
+    output = args.output
+    if "://" not in output:
+        out = Path(output)
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise UserError(f"output {output!r} already exists; remove it or pick another name "
+                            "(Ray Data writes a folder of Parquet files)")
+        if not out.parent.exists():
+            raise UserError(f"output folder {str(out.parent)!r} does not exist")
+    for name, value in (("--batch-size", args.batch_size), ("--chunk-size", args.chunk_size),
+                        ("--actors", args.actors)):
+        if value is not None and value < 1:
+            raise UserError(f"{name} must be at least 1, not {value}")
+    path = _checkpoint(args.checkpoint)
+    ray = _init_ray(args.ray)
+    from .ray import embed_dataset, parquet_row_groups, read_row_groups, to_fixed_size_list
+
+    try:
+        groups, total = parquet_row_groups(args.input, args.field, args.keep)
+    except (OSError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    if args.progress is not None:
+        ctx.enable_progress_bars = bool(args.progress)
+    start = time.perf_counter()
+    ds = ray.data.from_items(groups, override_num_blocks=max(1, len(groups)))
+    ds = ds.map_batches(read_row_groups, batch_size=1, batch_format="numpy",
+                        fn_kwargs=dict(column=args.field, keep=args.keep,
+                                       skip_bad=args.skip_bad))
+    kwargs = dict(dtype=args.dtype, backend=args.backend, max_length=args.max_length,
+                  normalize=args.normalize, encode_batch_size=args.batch_size)
+    if args.device:
+        kwargs["device"] = args.device
+    ds = embed_dataset(ds, str(path), column=args.field, batch_size=args.chunk_size or 256,
+                       concurrency=args.actors or 1, num_cpus=args.cpus_per_actor,
+                       num_gpus=args.gpus_per_actor, **kwargs)
+    drop = [] if args.field in args.keep else [args.field]
+    ds = ds.map_batches(to_fixed_size_list, batch_format="pyarrow", fn_kwargs={"drop": drop})
+    try:
+        ds.write_parquet(output)
+    except Exception as exc:  # a Ray task error wraps the user's mistake
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise UserError(f"Ray Data run failed: {_ray_error(exc)}") from None
+    seconds = time.perf_counter() - start
+    written = _parquet_rows(output)
+    skipped = total - written
+    print(f"encoded {written} text{'' if written == 1 else 's'} with {path} -> {output} "
+          f"(Parquet folder, Ray Data, "
+          f"{args.actors or 1} actor(s)); {seconds:.2f} s ({written / max(seconds, 1e-9):.1f} "
+          "texts/s, start-up included)")
+    if skipped:
+        print(f"skipped {skipped} bad {'row' if skipped == 1 else 'rows'} (null texts; their "
+              "ids are absent)")
+    return 0
+
+
+def _parquet_rows(path: str) -> int:
+    from .ray import parquet_row_groups
+
+    return parquet_row_groups(path, column=None)[1]
+
+
+# ---------------------------------------------------------------- serve
+def cmd_serve(args) -> int:
+    """Run the Ray Serve embedding app in the foreground until Ctrl-C."""
+    import signal
+
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port must be between 1 and 65535, not {args.port}")
+    if args.max_batch_size < 1:
+        raise UserError(f"--max-batch-size must be at least 1, not {args.max_batch_size}")
+    if args.batch_wait_ms < 0:
+        raise UserError(f"--batch-wait-ms must be >= 0, not {args.batch_wait_ms}")
+    if args.replicas < 1:
+        raise UserError(f"--replicas must be at least 1, not {args.replicas}")
+    path = _checkpoint(args.model)
+    ray = _init_ray(args.address)
+    from ray import serve
+
+    from .ray import serve_app
+
+    kwargs = dict(dtype=args.dtype, backend=args.backend, max_length=args.max_length)
+    if args.device:
+        kwargs["device"] = args.device
+    app = serve_app(str(path), max_batch_size=args.max_batch_size,
+                    batch_wait_timeout_s=args.batch_wait_ms / 1000.0,
+                    num_replicas=args.replicas, num_cpus=args.cpus_per_replica,
+                    num_gpus=args.gpus_per_replica, auto_truncate=args.auto_truncate,
+                    **kwargs)
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(app, name="bertfast", route_prefix="/")
+    except KeyboardInterrupt:
+        serve.shutdown()
+        raise
+    except Exception as exc:
+        serve.shutdown()
+        raise UserError(f"cannot start the server: {_ray_error(exc)}") from None
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    base = f"http://{args.host}:{args.port}"
+    print(f"bertfast serve: {path} on {base} (POST /embed, POST /v1/embeddings, "
+          f"GET /health /info /stats; max batch {args.max_batch_size} texts, wait "
+          f"{args.batch_wait_ms:g} ms, {args.replicas} replica(s)); Ctrl-C stops", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("bertfast serve: stopping", file=sys.stderr, flush=True)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
     return 0
 
 
@@ -425,27 +657,91 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertfast", description="Fast runtime for BERT-family text encoders.")
     parser.add_argument("--version", action="version", version=f"bertfast {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{info,encode,check,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,encode,serve,check,bench}")
     sub.required = True
 
     p = sub.add_parser("info", help="build contents, backends per device, versions")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("encode", help="texts (one per line) -> sentence vectors (.npy)")
+    p = sub.add_parser(
+        "encode", help="texts -> sentence vectors, streamed (.npy, .parquet, .jsonl; --ray)",
+        description="Encode a corpus chunk by chunk with bounded memory: .txt (one text per "
+                    "line), .jsonl (--field), .csv / .parquet (--column) in; .npy (row i = input "
+                    "row i), .parquet or .jsonl (id, --keep columns, embedding) out. With --ray, "
+                    "Parquet in and out through Ray Data.")
     _add_model_options(p)
+    p.set_defaults(device=None)  # --ray: each actor picks its GPU; otherwise cpu
     p.add_argument("--input", "-i", required=True,
-                   help="UTF-8 text file, one text per line ('-' for stdin); line i -> row i")
-    p.add_argument("--output", "-o", required=True, help="output .npy file, float32 [N, dim]")
-    p.add_argument("--batch-size", type=int, default=32)
+                   help="input file ('-': stdin, text lines): .txt (any other suffix too), "
+                        ".jsonl, .csv or .parquet; row i -> output row i")
+    p.add_argument("--output", "-o", required=True,
+                   help=".npy (float32 [rows, dim]), .parquet or .jsonl (id, --keep columns, "
+                        "embedding); with --ray a folder of Parquet files")
+    p.add_argument("--input-format", choices=("txt", "jsonl", "csv", "parquet"), default=None,
+                   help="input format (default: from the suffix; .txt otherwise)")
+    p.add_argument("--field", "--column", dest="field", default="text",
+                   help="the text field (.jsonl) or column (.csv, .parquet); default: text")
+    p.add_argument("--keep", action="append", metavar="COL[,COL...]",
+                   help="columns/fields copied next to the vectors (.parquet/.jsonl output)")
+    p.add_argument("--batch-size", type=int, default=32, help="texts per model batch")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help=f"rows read, encoded and written per step (default "
+                        f"{DEFAULT_CHUNK_SIZE}; the memory bound and the --resume unit); with "
+                        "--ray the rows per actor call (default 256)")
     p.add_argument("--max-length", type=int, default=None,
                    help="truncate texts to this many tokens (default: the checkpoint's)")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip rows that are not text (counted in a summary line; .npy rows "
+                        "hold NaN, .parquet/.jsonl leave their ids out) instead of stopping")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted .npy/.parquet run from its last finished chunk")
     norm = p.add_mutually_exclusive_group()
     norm.add_argument("--normalize", dest="normalize", action="store_true", default=None,
                       help="L2-normalise the vectors (default: as the checkpoint says)")
     norm.add_argument("--no-normalize", dest="normalize", action="store_false")
     _add_progress_options(p)
+    ray_opts = p.add_argument_group("Ray Data (--ray)")
+    ray_opts.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                          help="run on Ray Data: a local cluster, or the cluster at ADDRESS "
+                               "(e.g. ray://head:10001 or auto); write it as --ray=ADDRESS "
+                               "when a checkpoint follows")
+    ray_opts.add_argument("--actors", type=int, default=None,
+                          help="model actors (default 1; on a GPU cluster: the GPU count)")
+    ray_opts.add_argument("--cpus-per-actor", type=float, default=None)
+    ray_opts.add_argument("--gpus-per-actor", type=float, default=None,
+                          help="1 gives one actor per GPU")
     p.set_defaults(func=cmd_encode)
+
+    p = sub.add_parser(
+        "serve", help="HTTP embedding server on Ray Serve (POST /embed, POST /v1/embeddings)",
+        description="Serve a checkpoint over HTTP with dynamic batching: POST /embed "
+                    "(text-embeddings-inference) and POST /v1/embeddings (OpenAI); runs in the "
+                    "foreground until Ctrl-C.")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="checkpoint folder (default: all-MiniLM-L6-v2, bertfast[demo])")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--backend", default="auto", choices=("auto", "torch", "cpu", "cuda", "triton"),
+                   help="kernel backend (default: auto)")
+    p.add_argument("--device", default=None,
+                   help="torch device (default: the replica's GPU if it has one, else cpu)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="weights and activations")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="token limit per text (default: the checkpoint's)")
+    p.add_argument("--max-batch-size", type=int, default=32,
+                   help="texts per model batch, and per request (default 32)")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0,
+                   help="how long a batch waits to fill (default 5 ms)")
+    p.add_argument("--auto-truncate", action="store_true",
+                   help="truncate texts over the token limit instead of answering 413")
+    p.add_argument("--replicas", type=int, default=1, help="model replicas (default 1)")
+    p.add_argument("--cpus-per-replica", type=float, default=None)
+    p.add_argument("--gpus-per-replica", type=float, default=None,
+                   help="1 gives one replica per GPU")
+    p.add_argument("--address", default=None,
+                   help="Ray cluster to join (default: start a local one)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("check", help="compare bertfast (any dtype) with transformers (fp32) "
                                      "on sample sentences")
