@@ -39,30 +39,9 @@ _kernels = _C.cpu if _C is not None else None
 
 
 # ---------------------------------------------------------------- LayerNorm
-def embed_layernorm(
-    input_ids,
-    position_ids,
-    token_type_ids,
-    word_embeddings,
-    position_embeddings,
-    token_type_embeddings,
-    weight,
-    bias,
-    eps,
-):
-    return _kernels.embed_layernorm(
-        *embed_operands(
-            input_ids,
-            position_ids,
-            token_type_ids,
-            word_embeddings,
-            position_embeddings,
-            token_type_embeddings,
-            weight,
-            bias,
-        ),
-        float(eps),
-    )
+def embed_layernorm(*args):
+    *operands, eps = args  # the op's arguments (see bertfast/ops/__init__.py), then eps
+    return _kernels.embed_layernorm(*embed_operands(*operands), float(eps))
 
 
 def add_layernorm(x, residual, bias, weight, ln_bias, eps):

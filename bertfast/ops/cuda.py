@@ -79,28 +79,10 @@ def _stream(t: Tensor) -> int:
 
 
 # ---------------------------------------------------------------- LayerNorm
-def embed_layernorm(
-    input_ids,
-    position_ids,
-    token_type_ids,
-    word_embeddings,
-    position_embeddings,
-    token_type_embeddings,
-    weight,
-    bias,
-    eps,
-):
+def embed_layernorm(input_ids, position_ids, token_type_ids, word_embeddings, *tables_and_eps):
+    *tables, eps = tables_and_eps  # position/token-type tables, weight, bias; then eps
     return _kernels.embed_layernorm(
-        *embed_operands(
-            input_ids,
-            position_ids,
-            token_type_ids,
-            word_embeddings,
-            position_embeddings,
-            token_type_embeddings,
-            weight,
-            bias,
-        ),
+        *embed_operands(input_ids, position_ids, token_type_ids, word_embeddings, *tables),
         float(eps),
         _stream(word_embeddings),
     )
