@@ -46,6 +46,7 @@ from .checkpoint import canonical_name, convert
 from .config import EncoderConfig
 from .model import BertfastModel
 from .outputs import EncoderOutput
+from .validate import check_backend
 
 __all__ = ["optimize", "undo", "UnsupportedArgument"]
 
@@ -127,15 +128,10 @@ def optimize(
             f"optimize() takes a transformers PreTrainedModel or a "
             f"SentenceTransformer, got {type(model).__name__}"
         )
-    if backend != "auto":
-        from .ops import BACKEND_NAMES
-
-        if backend not in BACKEND_NAMES:
-            raise ValueError(
-                f"unknown backend {backend!r}; choose one of {', '.join(('auto',) + BACKEND_NAMES)}"
-            )
-
     base = model.base_model
+    # Backend x device x dtype checked now, not at the first forward (as at load).
+    anchor = next(base.parameters())
+    check_backend(backend, anchor.device, anchor.dtype if dtype is None else dtype)
     if dtype is not None:
         model.to(dtype)
     cfg = EncoderConfig.from_dict(model.config.to_dict(), source=type(model).__name__)

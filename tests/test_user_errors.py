@@ -260,3 +260,28 @@ def test_optimize_does_not_read_the_deprecated_use_return_dict(monkeypatch):
         assert out.last_hidden_state.shape == (2, 6, 96)
         model.config.return_dict = False
         assert isinstance(model(ids), tuple)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "bogus"])
+def test_optimize_checks_backend_against_the_model_device(backend, tmp_path):
+    """optimize() refuses a backend that cannot run the model where it is, at once
+    (not at the first forward), naming the backends that can."""
+    transformers = pytest.importorskip("transformers")
+    from bertfast.ops import BackendError
+
+    config = transformers.BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+    )
+    model = transformers.BertModel(config).eval()
+    if backend == "cuda" and torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the cuda backend can run there")
+    with pytest.raises((BackendError, ValueError), match=backend) as info:
+        bertfast.optimize(model, backend=backend)
+    assert "\n" not in str(info.value)
+    # Nothing was installed: the model still runs its own forward.
+    assert "_bertfast_state" not in model.base_model.__dict__
