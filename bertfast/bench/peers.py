@@ -345,7 +345,8 @@ class OpenVinoProvider(Provider):
         probe_ms = {}
         if len(runs) > 1:  # the faster hint on a mid-size probe batch (8 x 64)
             cfg = _config(model_path)
-            probe = make_batch([64] * 8, int(cfg["vocab_size"]))
+            seq = min(64, int(cfg.get("max_position_embeddings", 64)))
+            probe = make_batch([seq] * 8, int(cfg["vocab_size"]))
             for h, run in runs.items():
                 run(probe)
                 t0 = time.perf_counter()
