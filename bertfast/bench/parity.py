@@ -14,9 +14,12 @@ __all__ = ["PARITY_TOL", "INT8_PARITY_TOL", "parity_error"]
 PARITY_TOL = {torch.float32: 2e-3, torch.float16: 5e-2, torch.bfloat16: 2.5e-1}
 
 #: The same measure for the int8 peers (int8 weights, activations quantized per call,
-#: against the fp32 reference): quantization error of a few hundredths per layer on
-#: LayerNorm'd values ~1; a wrong graph (mask or layout bug) is off by ~1 and more.
-INT8_PARITY_TOL = 0.5
+#: against the fp32 reference). Measured on all-MiniLM-L6-v2 (ragged 6-row batch): ORT
+#: dynamic quantization with per-channel weights 0.53..0.62, CTranslate2 int8 0.43 (per-
+#: tensor ORT weights: 1.2, so the peer uses per-channel); a broken graph is further
+#: off: the padding mask ignored 1.93, wrong token types 1.42. So 1.0 flags a broken
+#: int8 graph, not quantization loss (the max error is reported with every row).
+INT8_PARITY_TOL = 1.0
 
 
 def parity_error(out, ref: torch.Tensor, mask: torch.Tensor) -> float:
