@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"--threads must be at least 1, not {args.threads}")
         args.device = str(device)
-        path = _model_folder(args.model)
+        path = args.path = _model_folder(args.model)
         names = [n.strip() for n in (args.providers or "").split(",") if n.strip()]
         providers = []
         for n in names or ["builtin"]:
@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for pr, r in runners.values():
             if pr.name.startswith("openvino") and r.info:
                 print(f"  {pr.name}: performance hint {r.info.get('hint')}")
-        rows = _measure(runners, shapes, dims, vocab, args, ceiling, dtype)
+        rows, parity_ref = _measure(runners, shapes, dims, vocab, args, ceiling, dtype)
     finally:
         for _, r in runners.values():
             r.close()
@@ -201,17 +201,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "ceiling_gflops": ceiling,
                 "cpu": cpu,
                 "isolation": args.isolation,
+                "parity_ref": parity_ref,
             },
             rows,
         )
     return 0
 
 
-def _measure(runners, shapes, dims, vocab, args, ceiling, dtype) -> list[dict]:
+def _measure(runners, shapes, dims, vocab, args, ceiling, dtype) -> tuple[list[dict], str]:
     """Every shape: two warm calls per provider (parity on the first), then rounds
     alternating between the providers (one call each, order rotated every round)."""
     fp32 = [n for n, (pr, _) in runners.items() if not pr.is_bertfast and not pr.int8]
-    ref_name = "transformers-eager" if "transformers-eager" in runners else next(iter(runners))
+    ref_name = "transformers-eager"
+    reference = None  # transformers eager, loaded here when it is not among the providers
+    if ref_name not in runners:
+        from .providers import TransformersProvider
+
+        pr = TransformersProvider("eager")
+        if pr.unavailable(args.device, dtype) is None:
+            reference = pr.load(args.path, args.device, dtype)
+        else:  # no transformers: compare with the first provider
+            ref_name = next(iter(runners))
+            print(f"  parity is against {ref_name} (transformers is not installed)")
     rows: list[dict] = []
     for label, lengths in shapes:
         batch = make_batch(lengths, vocab, device=args.device)
@@ -223,9 +234,12 @@ def _measure(runners, shapes, dims, vocab, args, ceiling, dtype) -> list[dict]:
             except Exception as exc:
                 failed[name] = f"{type(exc).__name__}: {exc}"
                 print(f"  {name} failed on {label}: {failed[name]}")
-        if ref_name not in outs:
+        if reference is not None:
+            ref = reference(batch).float().cpu()
+        elif ref_name in outs:
+            ref = outs[ref_name].float()
+        else:
             continue
-        ref = outs[ref_name].float()
         mask = batch.attention_mask.cpu()
         errs = {n: parity_error(o, ref, mask) for n, o in outs.items()}
         outs.clear()
@@ -261,7 +275,7 @@ def _measure(runners, shapes, dims, vocab, args, ceiling, dtype) -> list[dict]:
                     "provider_info": runners[n][1].info,
                 }
             )
-    return rows
+    return rows, ref_name
 
 
 if __name__ == "__main__":  # pragma: no cover
