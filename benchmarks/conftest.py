@@ -11,10 +11,16 @@ Options (each also readable from an environment variable, handy for subprocesses
 ``--bench-dtype``      float32 | float16 | bfloat16 (default: fp32 on CPU, fp16 on GPU)
 ``--bench-threads``    torch / ORT CPU threads (default 2)
 ``--bench-budget``     seconds of timed calls per case (default 3; smoke: one round)
+``--bench-isolation``  process | inline (``BERTFAST_BENCH_ISOLATION``; default process):
+                       each end-to-end provider loads and runs in a worker process of
+                       its own (``bertfast.bench.Worker``), so runtimes do not fight over
+                       the cores through their thread pools; ``inline`` loads them all in
+                       the pytest process (faster to start, biased timings)
 
 Every end-to-end case is (model, workload, provider). They run model by model and,
 within a workload, baselines first, so a bertfast row can store its speedup over each
-baseline measured in the same run (``extra_info["ratios"]``).
+baseline measured in the same run (``extra_info["ratios"]``). Every row records the CPU
+(``extra_info["cpu"]``: model, SIMD flags, logical CPUs) and the isolation mode.
 """
 
 from __future__ import annotations
@@ -32,7 +38,13 @@ if HERE not in sys.path:
 
 import workloads  # noqa: E402
 
-from bertfast.bench import PARITY_TOL, device_name, gemm_ceiling  # noqa: E402
+from bertfast.bench import (  # noqa: E402
+    PARITY_TOL,
+    cpu_info,
+    device_name,
+    gemm_ceiling,
+    open_runner,
+)
 
 
 def _env(name: str) -> str | None:
@@ -50,6 +62,7 @@ def pytest_addoption(parser):
     g.addoption("--bench-dtype", default=None)
     g.addoption("--bench-threads", type=int, default=None)
     g.addoption("--bench-budget", type=float, default=None)
+    g.addoption("--bench-isolation", default=None, choices=("process", "inline"))
 
 
 def _csv(text: str | None) -> list[str] | None:
@@ -86,6 +99,11 @@ class Settings:
         self.budget = (
             0.0 if (self.smoke and budget is None) else (3.0 if budget is None else budget)
         )
+        self.isolation = opt("--bench-isolation") or _env("BERTFAST_BENCH_ISOLATION") or "process"
+        if self.isolation not in ("process", "inline"):
+            raise pytest.UsageError(
+                f"BERTFAST_BENCH_ISOLATION must be process or inline, not {self.isolation!r}"
+            )
         self.models = _csv(opt("--bench-models") or _env("BERTFAST_BENCH_MODELS"))
         self.kinds = _csv(opt("--bench-kinds") or _env("BERTFAST_BENCH_KINDS"))
         names = _csv(opt("--bench-providers") or _env("BERTFAST_BENCH_PROVIDERS"))
@@ -118,7 +136,7 @@ def _e2e_cases(config):
     plan = workloads.select(s.profile, s.models, s.kinds)
     provs = providers.providers(s.device)
     if s.provider_names:
-        known = {p.name: p for p in provs}
+        known = providers.by_name(s.device)
         from bertfast.bench import BertfastProvider
 
         for n in s.provider_names:
@@ -163,8 +181,10 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 class Context:
-    """Session state: the machine's ceiling, loaded providers of the current model,
-    reference outputs, and the medians measured so far (for ratios)."""
+    """Session state: the machine's ceiling, loaded providers of the current model
+    (``runners``: a ``bertfast.bench.Worker`` per provider, or a ``LocalRunner`` with
+    ``--bench-isolation inline``), reference outputs, and the medians measured so far
+    (for ratios)."""
 
     def __init__(self, settings: Settings):
         self.s = settings
@@ -176,6 +196,7 @@ class Context:
         self.medians: dict[tuple, dict[str, float]] = {}
         self.measured: dict[tuple, dict] = {}
         self.device_name = device_name(settings.device)
+        self.cpu = cpu_info()
 
     @property
     def ceiling(self) -> float:
@@ -186,9 +207,16 @@ class Context:
             )
         return self._ceiling
 
+    def close(self):
+        for r in self.runners.values():
+            close = getattr(r, "close", None)
+            if close is not None:
+                close()
+        self.runners.clear()
+
     def use_model(self, model: str):
         if model != self.model:
-            self.runners.clear()
+            self.close()
             self.load_errors.clear()
             self.refs.clear()
             gc.collect()
@@ -197,30 +225,20 @@ class Context:
             self.model = model
 
     def load(self, provider, path: str):
-        """The provider's runner, or an exception whose message says why not."""
+        """The provider's runner (``prepare`` / ``timed`` / ``peak`` / ``info``), or an
+        exception whose message says why not."""
         if provider.name in self.load_errors:
             raise RuntimeError(self.load_errors[provider.name])
         if provider.name not in self.runners:
             try:
-                self.runners[provider.name] = provider.load(path, self.s.device, self.s.dtype)
+                self.runners[provider.name] = open_runner(
+                    provider, path, self.s.device, self.s.dtype, self.s.isolation
+                )
             except Exception as exc:
                 self.load_errors[provider.name] = (
                     f"{provider.name} failed to load: {type(exc).__name__}: {exc}"[:500]
                 )
                 raise RuntimeError(self.load_errors[provider.name]) from None
-        return self.runners[provider.name]
-
-    def runner(self, provider, path: str):
-        if provider.name in self.load_errors:
-            pytest.skip(self.load_errors[provider.name])
-        if provider.name not in self.runners:
-            try:
-                self.runners[provider.name] = provider.load(path, self.s.device, self.s.dtype)
-            except Exception as exc:  # a provider that cannot load skips with the reason
-                self.load_errors[provider.name] = (
-                    f"{provider.name} failed to load: {type(exc).__name__}: {exc}"[:500]
-                )
-                pytest.skip(self.load_errors[provider.name])
         return self.runners[provider.name]
 
 
@@ -242,11 +260,17 @@ def record_rounds(benchmark, times) -> bool:
 
 
 def interleave(
-    calls: dict[str, object], one: dict[str, float], budget_s: float, smoke: bool
+    calls: dict[str, object],
+    one: dict[str, float],
+    budget_s: float,
+    smoke: bool,
+    self_timed: frozenset = frozenset(),
 ) -> dict[str, list[float]]:
     """Time ``calls`` (name -> synchronized call) round-robin: round r runs every call
     once in an order rotated by r, until ``budget_s x len(calls)`` seconds are spent
-    (at least 5 rounds, 3 when one round takes over 3 s; 1 in smoke runs)."""
+    (at least 5 rounds, 3 when one round takes over 3 s; 1 in smoke runs). A call named
+    in ``self_timed`` times itself and returns its seconds (a provider in its worker
+    process: the pipe round trip stays out of its time)."""
     import time
 
     from bertfast.bench import rounds_for
@@ -264,6 +288,9 @@ def interleave(
     for r in range(rounds):
         k = r % len(order)
         for n in order[k:] + order[:k]:
+            if n in self_timed:
+                times[n].append(float(calls[n]()))
+                continue
             t0 = time.perf_counter()
             calls[n]()
             times[n].append(time.perf_counter() - t0)
@@ -282,4 +309,4 @@ def timing():
 def bench(request):
     ctx = Context(request.config._bench)
     yield ctx
-    ctx.runners.clear()
+    ctx.close()

@@ -10,6 +10,10 @@ never asserted.
 
 Ratios are recomputed here from the medians in the same JSON file (same run, same
 inputs): ``x B`` = median of baseline ``B`` / median of the row (> 1: faster than B).
+Int8 peers (rows with ``int8``: ONNX Runtime dynamic quantization, CTranslate2 int8) get
+a table of their own and are never in an fp32 ratio or target. The header names the CPU
+(model and SIMD flags recorded with the rows) and whether each provider ran in its own
+process.
 """
 
 from __future__ import annotations
@@ -21,14 +25,29 @@ import sys
 from collections import OrderedDict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BASELINES = ("transformers-eager", "transformers-sdpa", "torch-compile", "onnxruntime")
+BASELINES = (
+    "transformers-eager",
+    "transformers-sdpa",
+    "torch-compile",
+    "onnxruntime",
+    "openvino",
+    "ctranslate2",
+)
+#: The fp32 peers a bertfast row must beat ("best fp32 peer" target).
+FP32_PEERS = ("transformers-sdpa", "torch-compile", "onnxruntime", "openvino", "ctranslate2")
 SHORT = {
     "transformers-eager": "eager",
     "transformers-sdpa": "sdpa",
     "torch-compile": "compile",
     "onnxruntime": "ORT",
+    "openvino": "OV",
+    "ctranslate2": "CT2",
     "pytorch": "pytorch",
 }
+
+
+def is_int8(r: dict) -> bool:
+    return bool(r.get("int8")) or str(r.get("provider", "")).endswith("-int8")
 
 
 def load(paths: list[str]):
@@ -61,11 +80,12 @@ def _mb(v: int | None) -> str:
 
 
 # ---------------------------------------------------------------- end to end
-def e2e_groups(rows):
-    """OrderedDict (model, workload) -> {provider: row}."""
+def e2e_groups(rows, int8: bool = False):
+    """OrderedDict (model, workload) -> {provider: row}: the fp32 rows (``int8``: the
+    int8 peers' rows)."""
     groups: dict[tuple, dict[str, dict]] = OrderedDict()
     for r in rows:
-        if r.get("suite") == "e2e":
+        if r.get("suite") == "e2e" and is_int8(r) == int8:
             groups.setdefault((r["model"], r["workload"]), OrderedDict())[r["provider"]] = r
     return groups
 
@@ -117,6 +137,48 @@ def e2e_table(rows) -> str:
     return "\n".join(out)
 
 
+def int8_table(rows) -> str:
+    """The int8 peers, each against the best correct bertfast fp32 row of its workload
+    (``x bertfast`` = bertfast median / int8 median: above 1, the int8 peer is faster)."""
+    groups = e2e_groups(rows, int8=True)
+    if not groups:
+        return ""
+    fp32 = e2e_groups(rows)
+    head = [
+        "model",
+        "workload",
+        "provider",
+        "median ms",
+        "IQR ms",
+        "tok/s",
+        "best bertfast fp32 ms / this ms",
+        "max err vs fp32 ref (tol)",
+        "peak MB",
+    ]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (model, wl), provs in groups.items():
+        bf = best_bertfast(fp32.get((model, wl), {}))
+        for name, r in provs.items():
+            med = r["median_s"]
+            err = r.get("parity_max_abs_err")
+            tol = r.get("parity_tol")
+            cells = [
+                model,
+                wl,
+                name,
+                _ms(med),
+                _ms(r.get("iqr_s")),
+                _num(r.get("tok_per_s"), "{:.0f}"),
+                "-" if bf is None else f"{bf['median_s'] / med:.2f} ({bf['provider']})",
+                ("ok" if r.get("parity_ok", True) else "**WRONG**")
+                + ("" if err is None else f" {err:.1e}")
+                + ("" if tol is None else f" ({tol:g})"),
+                _mb(r.get("peak_mem_bytes")),
+            ]
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def best_bertfast(provs: dict[str, dict]) -> dict | None:
     cands = [r for n, r in provs.items() if r.get("is_bertfast") and r.get("parity_ok", True)]
     return min(cands, key=lambda r: r["median_s"]) if cands else None
@@ -139,16 +201,23 @@ def targets(rows) -> str:
     models = list(OrderedDict.fromkeys(m for m, _ in groups))
 
     def ratio_vs(model, pred, base, need):
+        """``base``: a provider name, or None for the fastest fp32 peer present."""
         evid, ok = [], []
         for (m, wl), provs in groups.items():
             if m != model or not pred(next(iter(provs.values()))):
                 continue
             bf = best_bertfast(provs)
-            if bf is None or base not in provs:
+            if base is None:
+                peers = [provs[p] for p in FP32_PEERS if p in provs]
+                peer = min(peers, key=lambda r: r["median_s"]) if peers else None
+            else:
+                peer = provs.get(base)
+            if bf is None or peer is None:
                 continue
-            r = provs[base]["median_s"] / bf["median_s"]
+            r = peer["median_s"] / bf["median_s"]
             ok.append(r >= need)
-            evid.append(f"{wl} {r:.2f}x ({bf['provider']})")
+            who = f" vs {SHORT.get(peer['provider'], peer['provider'])}" if base is None else ""
+            evid.append(f"{wl} {r:.2f}x{who} ({bf['provider']})")
         return ok, evid
 
     if not on_gpu:
@@ -162,16 +231,24 @@ def targets(rows) -> str:
         for model in models:
             if model not in ("minilm", "bert-base"):
                 continue
+
             # Full batches: the grid, and padding-sweep batches with no padding.
-            ok, ev = ratio_vs(
-                model,
-                lambda r: (
-                    r.get("kind") == "grid"
-                    or (r.get("kind") == "padding" and not r.get("padding_fraction"))
-                ),
-                "onnxruntime",
-                1.0,
+            def full(r):
+                return r.get("kind") == "grid" or (
+                    r.get("kind") == "padding" and not r.get("padding_fraction")
+                )
+
+            ok, ev = ratio_vs(model, full, None, 1.0)
+            lines.append(
+                f"| best bertfast >= 1.0x the best fp32 peer (sdpa, compile, ORT, OV, CT2 "
+                f"present), full batches | {model} | {_status(ok)} | {'; '.join(ev) or '-'} |"
             )
+            ok, ev = ratio_vs(model, lambda r: r.get("kind") == "ragged", None, 2.5)
+            lines.append(
+                f"| >= 2.5x the best fp32 peer on ragged batches | {model} | {_status(ok)} | "
+                f"{'; '.join(ev) or '-'} |"
+            )
+            ok, ev = ratio_vs(model, full, "onnxruntime", 1.0)
             lines.append(
                 f"| best bertfast >= 1.0x ORT, full batches | {model} | {_status(ok)} | "
                 f"{'; '.join(ev) or '-'} |"
@@ -435,13 +512,45 @@ def build(rows, machine) -> str:
             "- peak MB = resident-set growth over one call (CPU) or CUDA allocator "
             "peak growth (GPU)"
         )
-        if machine.get("cpu", {}).get("brand_raw"):
+        cpu = next((r["cpu"] for r in e2e if r.get("cpu")), None)
+        if cpu:
+            parts.append(
+                f"- CPU: {cpu.get('model') or 'unknown'}, {cpu.get('logical_cpus')} logical "
+                f"CPUs; SIMD flags: {' '.join(cpu.get('flags') or []) or 'unknown'}"
+            )
+        elif machine.get("cpu", {}).get("brand_raw"):
             parts.append(f"- CPU: {machine['cpu']['brand_raw']}")
+        modes = sorted({r.get("isolation") or "inline (not recorded)" for r in e2e})
+        parts.append(
+            "- isolation: "
+            + ", ".join(modes)
+            + " (process: each provider loaded and timed in a worker process of its own, "
+            "the rounds alternating between them)"
+        )
+        hints = sorted(
+            {
+                (r.get("provider_info") or {}).get("hint")
+                for r in e2e
+                if str(r.get("provider", "")).startswith("openvino")
+            }
+            - {None}
+        )
+        if hints:
+            parts.append(
+                f"- OpenVINO performance hint used: {', '.join(hints)} (the faster of "
+                "LATENCY / THROUGHPUT on an 8x64 probe at load, unless forced)"
+            )
         parts.append("")
-        parts.append("## End to end")
+        parts.append("## End to end (fp32)")
         parts.append("")
         parts.append(e2e_table(rows))
         parts.append("")
+        it = int8_table(rows)
+        if it:
+            parts.append("## Int8 peers (apart: never in the fp32 ratios or targets)")
+            parts.append("")
+            parts.append(it)
+            parts.append("")
         parts.append(targets(rows))
         parts.append("")
     kt = kernel_table(rows)

@@ -1,12 +1,16 @@
 """End-to-end encoder benchmarks: bertfast against transformers (eager, SDPA),
-torch.compile and ONNX Runtime, on the same inputs in the same run.
+torch.compile, ONNX Runtime, OpenVINO and CTranslate2 (fp32; int8 variants of ORT and
+CTranslate2 reported apart), on the same inputs in the same run.
 
 Each case is (model, workload, provider); see ``conftest.py`` for the options and
 ``workloads.py`` / ``providers.py`` for what runs.
 
 How a workload is timed (this machine is shared and noisy): the first case of a
-workload loads every selected provider, checks parity and warms each up twice, then
-times them **interleaved**: round r calls every provider once, in an order rotated by
+workload loads every selected provider, **each in a worker process of its own**
+(``--bench-isolation process``, the default: runtimes sharing a process fight over the
+cores through their thread pools), checks parity and warms each up twice, then times
+them **interleaved**, the parent process deciding the order and one worker running at a
+time: round r calls every provider once, in an order rotated by
 r, until ``budget x providers`` seconds are spent (at least 5 rounds; 3 when one round
 takes over 3 s). Load spikes then hit every provider alike and the ratios stay
 meaningful. Each case then reports its own times to pytest-benchmark.
@@ -21,10 +25,13 @@ Per case ``extra_info`` holds:
   interleaved rounds* so it saw the same load; ``ceiling_share`` = gflops / ceiling.
   Why not torch's alone: on this AMD Zen CPU torch's sgemm (MKL) reaches about half of
   what an AVX-512 packed GEMM does, so it is not the machine's ceiling;
-- ``ratios``: speedup of this provider over each baseline timed with it (baseline
-  median / this median; > 1 = faster);
+- ``ratios``: speedup of this provider over each fp32 baseline timed with it (baseline
+  median / this median; > 1 = faster); int8 peers (``int8``: true) are in no ratio and
+  carry none;
 - ``parity_max_abs_err`` / ``parity_ok``: max |out - ref| on real tokens against
   transformers eager fp32, so a fast-but-wrong provider is flagged (never asserted);
+  ``parity_tol`` is ``PARITY_TOL`` of the dtype, ``INT8_PARITY_TOL`` for int8 peers;
+- ``cpu``: the CPU model, SIMD flags and logical CPUs; ``isolation``: process | inline;
 - ``peak_mem_bytes``: CUDA allocator peak growth (GPU) or resident-set growth (CPU) over
   one call; ``probe_gflops``: a 512^3 GEMM timed just before the workload and
   ``load_avg_1min``: the machine's load average then (noise indicators).
@@ -49,7 +56,6 @@ from bertfast.bench import (
     encoder_flops,
     gemm_ceiling,
     parity_error,
-    peak_memory,
     synchronize,
 )
 
@@ -57,14 +63,16 @@ REFERENCE = "transformers-eager"
 GEMM = "__gemm_ceiling__"
 
 
-def _reference(bench, model, w, batch, path):
-    run = bench.runners.get(REFERENCE) if bench.s.dtype == torch.float32 else None
-    if run is None:
-        run = bench.runners.get("_reference")
+def _reference(bench, batch, path, outs):
+    """transformers eager fp32 on ``batch``: that provider's own output when it ran in
+    fp32, else the model loaded in this process (kept for the model's workloads)."""
+    if bench.s.dtype == torch.float32 and REFERENCE in outs:
+        return outs[REFERENCE].float()
+    run = bench.refs.get("_run")
     if run is None:
         run = TransformersProvider("eager").load(path, bench.s.device, torch.float32)
-        bench.runners["_reference"] = run
-    return run(batch).float()
+        bench.refs["_run"] = run
+    return run(batch).float().cpu()
 
 
 def measure_workload(bench, timing, model, w, provs) -> dict:
@@ -88,31 +96,29 @@ def measure_workload(bench, timing, model, w, provs) -> dict:
         except Exception as exc:
             skips[p.name] = str(exc)
 
-    def caller(run):
-        def call():
-            r = run(batch)
-            synchronize(s.device)
-            return r
-
-        return call
-
-    calls = {n: caller(r) for n, r in runs.items()}
-    ref = _reference(bench, model, w, batch, path) if calls else None
-    errs, one, peaks = {}, {}, {}
-    for n, call in list(calls.items()):
-        try:
-            errs[n] = parity_error(call(), ref, batch.attention_mask)  # warm call 1
-            t0 = time.perf_counter()
-            call()  # warm call 2
-            one[n] = time.perf_counter() - t0
+    errs, one, peaks, outs = {}, {}, {}, {}
+    for n, r in list(runs.items()):
+        try:  # two warm calls: the first one's output for parity, the second one's time
+            outs[n], one[n] = r.prepare(batch)
         except Exception as exc:  # a provider that cannot run this input skips
             skips[n] = f"{n} failed on {w.id}: {type(exc).__name__}: {exc}"[:500]
-            del calls[n]
-    del ref
+            del runs[n]
+    if runs:
+        ref = _reference(bench, batch, path, outs)
+        mask = batch.attention_mask.cpu()
+        errs = {n: parity_error(o, ref, mask) for n, o in outs.items()}
+        del ref
+    outs.clear()
+    # Each call times itself (in its worker process, the pipe round trip left out).
+    calls = {n: (lambda r=r: r.timed(1)[0]) for n, r in runs.items()}
+    self_timed = frozenset(calls)
     probe = gemm_ceiling(s.device, s.dtype, n=64 if s.smoke else 512, budget_s=0.05)
     load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    for n, call in calls.items():
-        peaks[n] = peak_memory(call, s.device)
+    for n, r in runs.items():
+        try:
+            peaks[n] = r.peak()
+        except Exception:
+            peaks[n] = None
     # The machine's GEMM ceiling is timed inside the same rounds, so each workload's
     # "% of ceiling" compares against the machine as loaded while it ran.
     n_gemm = 128 if s.smoke else 2048
@@ -136,7 +142,7 @@ def measure_workload(bench, timing, model, w, provs) -> dict:
                 calls[name] = g
             except Exception:  # that backend has no linear for this input: no entry
                 pass
-    times = timing.interleave(calls, one, s.budget, s.smoke)
+    times = timing.interleave(calls, one, s.budget, s.smoke, self_timed)
     gemm_rates = {
         name[len(GEMM) :]: 2 * n_gemm**3 / statistics.median(times.pop(name)) / 1e9
         for name in list(times)
@@ -172,11 +178,11 @@ def test_e2e(benchmark, bench, timing, e2e_case):
 
     benchmark.group = f"{model} {w.id}"
     benchmark.name = f"{model}-{w.id}-{provider.name}"
+    runner = bench.runners[provider.name]
     if not timing.record(benchmark, times):  # fallback: time this provider on its own
-        run = bench.runners[provider.name]
-        batch = w.make(int(workloads.model_config(model)["vocab_size"]), s.device)
+        # (its runner still holds this workload's batch from measure_workload)
         benchmark.pedantic(
-            lambda: (run(batch), synchronize(s.device)),
+            lambda: runner.timed(1),
             rounds=max(len(times), 1),
             iterations=1,
             warmup_rounds=1,
@@ -186,7 +192,7 @@ def test_e2e(benchmark, bench, timing, e2e_case):
     useful = encoder_flops(dims, w.lengths)
     padded = encoder_flops(dims, [w.seq] * w.batch)
     err = res["errs"][provider.name]
-    run = bench.runners[provider.name]
+    tol = provider.parity_tol(s.dtype)
     info = benchmark.extra_info
     info.update(
         {
@@ -198,7 +204,10 @@ def test_e2e(benchmark, bench, timing, e2e_case):
             "provider": provider.name,
             "is_bertfast": provider.is_bertfast,
             "is_baseline": provider.is_baseline,
+            "int8": provider.int8,
             "timing": "interleaved",
+            "isolation": s.isolation,
+            "cpu": bench.cpu if not s.gpu else None,
             "device": bench.device_name,
             "dtype": str(s.dtype).replace("torch.", ""),
             "threads": torch.get_num_threads() if not s.gpu else None,
@@ -215,11 +224,11 @@ def test_e2e(benchmark, bench, timing, e2e_case):
             "probe_gflops": round(res["probe"], 2),
             "load_avg_1min": res["load_avg"],
             "parity_max_abs_err": err,
-            "parity_ok": bool(err <= s.tol),
-            "parity_tol": s.tol,
+            "parity_ok": bool(err <= tol),
+            "parity_tol": tol,
             "parity_ref": f"{REFERENCE} fp32",
             "peak_mem_bytes": res["peaks"].get(provider.name),
-            "provider_info": getattr(run, "info", None),
+            "provider_info": runner.info,
         }
     )
     stats = getattr(benchmark, "stats", None)
@@ -229,11 +238,16 @@ def test_e2e(benchmark, bench, timing, e2e_case):
     med = st.median
     gflops = useful / med / 1e9
     medians = {n: statistics.median(t) for n, t in res["times"].items() if t}
-    ratios = {
-        b: m / med
-        for b, m in medians.items()
-        if b != provider.name and not b.startswith("bertfast-")
-    }
+    int8 = {p.name for p in s.groups.get((model, w.id), []) if p.int8}
+    ratios = (
+        {}
+        if provider.int8
+        else {
+            b: m / med
+            for b, m in medians.items()
+            if b != provider.name and not b.startswith("bertfast-") and b not in int8
+        }
+    )
     info.update(
         {
             "median_s": med,
@@ -254,6 +268,6 @@ def test_e2e(benchmark, bench, timing, e2e_case):
         line += f" = {info['ceiling_share'] * 100:4.0f}% of GEMM {info['ceiling_gflops']:.0f}"
     if ratios:
         line += "  " + " ".join(f"x{v:.2f} vs {k}" for k, v in ratios.items())
-    if err > s.tol:
-        line += f"  PARITY FAIL (max err {err:.2e} > {s.tol:.0e})"
+    if err > tol:
+        line += f"  PARITY FAIL (max err {err:.2e} > {tol:.0e})"
     print(line)

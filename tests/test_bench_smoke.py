@@ -2,9 +2,11 @@
 
 Runs ``pytest benchmarks`` in a subprocess with ``BERTFAST_BENCH_SMOKE=1`` (tiny
 2-layer model, 2x16 / ragged / padded batches, kernels at 128 tokens x hidden 64, one
-round each, torch.compile left out), then ``benchmarks/report.py`` on its JSON. It
-checks that the suite, the parity bookkeeping and the report work, never speed. The
-full suite stays out of CI (``pytest`` only collects ``tests/``).
+round each, torch.compile left out, each end-to-end provider in its own worker
+process; the peers ORT / OpenVINO / CTranslate2 run where installed), then
+``benchmarks/report.py`` on its JSON. It checks that the suite, the parity bookkeeping
+and the report work, never speed. The full suite stays out of CI (``pytest`` only
+collects ``tests/``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def test_benchmark_suite_smoke(tmp_path):
         PYTHONHASHSEED="0",
     )
     env.pop("BERTFAST_BENCH_PROFILE", None)
+    env.pop("BERTFAST_BENCH_ISOLATION", None)
     out = tmp_path / "smoke.json"
     _run(
         [
@@ -70,6 +73,13 @@ def test_benchmark_suite_smoke(tmp_path):
     for r in e2e:
         if r["is_bertfast"]:
             assert "transformers-eager" in r["ratios"]
+    # Each provider ran in a worker process of its own; the CPU is recorded; int8 peers
+    # (when installed) are in no ratio and carry none.
+    for r in e2e:
+        assert r["isolation"] == "process" and "flags" in r["cpu"]
+        assert not any(b.endswith("-int8") for b in r["ratios"])
+        if r["int8"]:
+            assert r["ratios"] == {}
 
     report_dir = tmp_path / "report"
     proc = _run(
@@ -79,6 +89,7 @@ def test_benchmark_suite_smoke(tmp_path):
     )
     text = (report_dir / "report.md").read_text()
     assert "## End to end" in text and "## Targets" in text
+    assert "isolation: process" in text
     assert (report_dir / "e2e.png").stat().st_size > 0
     assert (report_dir / "kernels.png").stat().st_size > 0
     assert "wrote" in proc.stdout

@@ -10,6 +10,10 @@ One job per module (all names are re-exported here):
 ``parity.py``       whether the output is right: :data:`PARITY_TOL`, :func:`parity_error`
 ``providers.py``    the in-process providers (bertfast per backend, transformers eager /
                     SDPA) behind one interface
+``peers.py``        the other runtimes: ONNX Runtime, OpenVINO, CTranslate2 (fp32; int8
+                    variants reported apart)
+``isolated.py``     each provider in its own worker process (:class:`Worker`), so
+                    runtimes do not fight over the cores
 ``report.py``       the Markdown table and JSON of a ``bertfast bench`` run
 ``cli.py``          :func:`main`, the ``bertfast bench`` command
 ==================  ==================================================================
@@ -23,7 +27,9 @@ kernels, report) is ``pytest benchmarks`` (see ``benchmarks/README.md``).
 from __future__ import annotations
 
 from .cli import main
-from .parity import PARITY_TOL, parity_error
+from .isolated import LocalRunner, Worker, open_runner
+from .parity import INT8_PARITY_TOL, PARITY_TOL, parity_error
+from .peers import CTranslate2Provider, OnnxRuntimeProvider, OpenVinoProvider, peer_providers
 from .providers import (
     BertfastProvider,
     Provider,
@@ -33,7 +39,16 @@ from .providers import (
     provider_by_name,
 )
 from .report import format_table
-from .timing import Stats, device_name, gemm_ceiling, measure, peak_memory, rounds_for, synchronize
+from .timing import (
+    Stats,
+    cpu_info,
+    device_name,
+    gemm_ceiling,
+    measure,
+    peak_memory,
+    rounds_for,
+    synchronize,
+)
 from .workload import (
     Batch,
     ModelDims,
@@ -59,7 +74,16 @@ __all__ = [
     "peak_memory",
     "gemm_ceiling",
     "device_name",
+    "cpu_info",
     "PARITY_TOL",
+    "INT8_PARITY_TOL",
+    "OnnxRuntimeProvider",
+    "OpenVinoProvider",
+    "CTranslate2Provider",
+    "peer_providers",
+    "Worker",
+    "LocalRunner",
+    "open_runner",
     "parity_error",
     "Provider",
     "BertfastProvider",

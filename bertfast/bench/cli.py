@@ -1,5 +1,11 @@
 """``bertfast bench``: a short end-to-end run of the providers on a few shapes, printed
-as a Markdown table (the full suite is ``pytest benchmarks``)."""
+as a Markdown table (the full suite is ``pytest benchmarks``).
+
+Each provider loads and runs in a worker process of its own (``--isolation process``,
+the default; see :mod:`bertfast.bench.isolated`), the timed rounds alternating between
+providers. Peers (``onnxruntime``, ``openvino``, ``ctranslate2`` and the int8
+``onnxruntime-int8`` / ``ctranslate2-int8``) are asked for by name or all at once with
+``--providers peers``; int8 rows carry no ratios and are not in the fp32 ones."""
 
 from __future__ import annotations
 
@@ -11,10 +17,11 @@ from collections.abc import Sequence
 
 import torch
 
-from .parity import PARITY_TOL, parity_error
+from .isolated import ISOLATION_MODES, open_runner
+from .parity import parity_error
 from .providers import builtin_providers, provider_by_name
 from .report import FOOTNOTE, format_table, write_json
-from .timing import device_name, gemm_ceiling, measure
+from .timing import Stats, cpu_info, device_name, gemm_ceiling, rounds_for
 from .workload import ModelDims, encoder_flops, make_batch, parse_shape
 
 __all__ = ["main", "build_parser"]
@@ -56,7 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--providers",
         default=None,
         help="comma list (default: transformers-eager, transformers-sdpa and "
-        "bertfast-<backend> for each usable backend)",
+        "bertfast-<backend> for each usable backend); peers: onnxruntime, openvino "
+        "(openvino-latency / openvino-throughput force a hint), ctranslate2, "
+        "onnxruntime-int8, ctranslate2-int8; 'builtin' and 'peers' name each group",
+    )
+    p.add_argument(
+        "--isolation",
+        default="process",
+        choices=ISOLATION_MODES,
+        help="process: each provider in a worker process of its own (runtimes sharing a "
+        "process fight over the cores); inline: all in this process",
     )
     p.add_argument("--seconds", type=float, default=1.0, help="timing budget per case")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
@@ -115,13 +131,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"--threads must be at least 1, not {args.threads}")
         args.device = str(device)
-        path = _model_folder(args.model)
+        path = args.path = _model_folder(args.model)
         names = [n.strip() for n in (args.providers or "").split(",") if n.strip()]
-        providers = (
-            [provider_by_name(n, args.device) for n in names]
-            if names
-            else builtin_providers(args.device)
-        )
+        providers = []
+        for n in names or ["builtin"]:
+            if n == "builtin":
+                providers += builtin_providers(args.device)
+            elif n == "peers":
+                from .peers import peer_providers
+
+                providers += peer_providers(args.device)
+            else:
+                providers.append(provider_by_name(n, args.device))
+        seen: set[str] = set()
+        providers = [pr for pr in providers if not (pr.name in seen or seen.add(pr.name))]
         if args.backend not in (None, "auto"):
             providers = [pr for pr in providers if not pr.is_bertfast]
             providers.append(provider_by_name(f"bertfast-{args.backend}", args.device))
@@ -134,65 +157,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         vocab = int(json.load(f)["vocab_size"])
 
     ceiling = gemm_ceiling(args.device, dtype, budget_s=min(args.seconds, 1.0), with_bertfast=True)
+    cpu = cpu_info() if device.type == "cpu" else None
     print(
         f"# bertfast bench: {_model_name(path)} on "
         f"{device_name(args.device)}, {dtype}, {torch.get_num_threads()} threads; "
         f"GEMM ceiling {ceiling:.0f} GFLOP/s (best 2048^3 of torch.mm and bertfast.ops.linear)"
     )
+    if cpu:
+        print(f"# CPU: {cpu['model']}; flags: {' '.join(cpu['flags'] or []) or 'unknown'}")
+    print(f"# isolation: {args.isolation}")
 
     runners = {}
-    for pr in providers:
-        why = pr.unavailable(args.device, dtype)
-        if why:
-            print(f"  skip {pr.name}: {why}")
-            continue
-        try:
-            runners[pr.name] = pr.load(path, args.device, dtype)
-        except Exception as exc:  # a provider that cannot load is reported, not fatal
-            print(f"  skip {pr.name}: failed to load ({type(exc).__name__}: {exc})")
-    if not runners:
-        print("bertfast bench: no provider could run", file=sys.stderr)
-        return 1
-    baselines = [n for n in runners if not n.startswith("bertfast-")]
-    ref_name = "transformers-eager" if "transformers-eager" in runners else next(iter(runners))
-    tol = PARITY_TOL.get(dtype, 5e-2)
-
-    rows: list[dict] = []
-    for label, lengths in shapes:
-        batch = make_batch(lengths, vocab, device=args.device)
-        useful = encoder_flops(dims, lengths)
-        ref = runners[ref_name](batch).float()
-        medians = {}
-        for name, run in runners.items():
-            err = parity_error(run(batch), ref, batch.attention_mask)
-            stats = measure(
-                lambda run=run, batch=batch: run(batch),
-                args.device,
-                warmup=1,
-                min_rounds=3,
-                budget_s=args.seconds,
-            )
-            medians[name] = stats.median
-            gflops = useful / stats.median / 1e9
-            rows.append(
-                {
-                    "shape": label,
-                    "provider": name,
-                    "median_ms": stats.median * 1e3,
-                    "iqr_ms": stats.iqr * 1e3,
-                    "seq_per_s": len(lengths) / stats.median,
-                    "tok_per_s": sum(lengths) / stats.median,
-                    "gflops": gflops,
-                    "ceiling_share": gflops / ceiling if args.device == "cpu" else None,
-                    "ratios": {},
-                    "parity": "ok" if err <= tol else f"WRONG ({err:.1e})",
-                    "max_abs_err": err,
-                }
-            )
-        for r in rows:
-            if r["shape"] == label:
-                for b in baselines:
-                    r["ratios"][b] = medians[b] / medians[r["provider"]]
+    try:
+        for pr in providers:
+            why = pr.unavailable(args.device, dtype)
+            if why:
+                print(f"  skip {pr.name}: {why}")
+                continue
+            try:
+                runners[pr.name] = (pr, open_runner(pr, path, args.device, dtype, args.isolation))
+            except Exception as exc:  # a provider that cannot load is reported, not fatal
+                print(f"  skip {pr.name}: failed to load ({type(exc).__name__}: {exc})")
+        if not runners:
+            print("bertfast bench: no provider could run", file=sys.stderr)
+            return 1
+        for pr, r in runners.values():
+            if pr.name.startswith("openvino") and r.info:
+                print(f"  {pr.name}: performance hint {r.info.get('hint')}")
+        rows, parity_ref = _measure(runners, shapes, dims, vocab, args, ceiling, dtype)
+    finally:
+        for _, r in runners.values():
+            r.close()
+    baselines = [n for n, (pr, _) in runners.items() if not pr.is_bertfast and not pr.int8]
     print(format_table(rows, baselines))
     print("\n" + FOOTNOTE)
     if args.json:
@@ -203,10 +199,83 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "model": _model_name(path),
                 "dtype": str(dtype).replace("torch.", ""),
                 "ceiling_gflops": ceiling,
+                "cpu": cpu,
+                "isolation": args.isolation,
+                "parity_ref": parity_ref,
             },
             rows,
         )
     return 0
+
+
+def _measure(runners, shapes, dims, vocab, args, ceiling, dtype) -> tuple[list[dict], str]:
+    """Every shape: two warm calls per provider (parity on the first), then rounds
+    alternating between the providers (one call each, order rotated every round)."""
+    fp32 = [n for n, (pr, _) in runners.items() if not pr.is_bertfast and not pr.int8]
+    ref_name = "transformers-eager"
+    reference = None  # transformers eager, loaded here when it is not among the providers
+    if ref_name not in runners:
+        from .providers import TransformersProvider
+
+        pr = TransformersProvider("eager")
+        if pr.unavailable(args.device, dtype) is None:
+            reference = pr.load(args.path, args.device, dtype)
+        else:  # no transformers: compare with the first provider
+            ref_name = next(iter(runners))
+            print(f"  parity is against {ref_name} (transformers is not installed)")
+    rows: list[dict] = []
+    for label, lengths in shapes:
+        batch = make_batch(lengths, vocab, device=args.device)
+        useful = encoder_flops(dims, lengths)
+        outs, one, failed = {}, {}, {}
+        for name, (_, r) in runners.items():
+            try:
+                outs[name], one[name] = r.prepare(batch)
+            except Exception as exc:
+                failed[name] = f"{type(exc).__name__}: {exc}"
+                print(f"  {name} failed on {label}: {failed[name]}")
+        if reference is not None:
+            ref = reference(batch).float().cpu()
+        elif ref_name in outs:
+            ref = outs[ref_name].float()
+        else:
+            continue
+        mask = batch.attention_mask.cpu()
+        errs = {n: parity_error(o, ref, mask) for n, o in outs.items()}
+        outs.clear()
+        names = list(one)
+        rounds = rounds_for(sum(one.values()), args.seconds * len(names), min_rounds=3)
+        times: dict[str, list[float]] = {n: [] for n in names}
+        for k in range(rounds):
+            j = k % len(names)
+            for n in names[j:] + names[:j]:
+                times[n] += runners[n][1].timed(1)
+        medians = {n: Stats(t).median for n, t in times.items()}
+        for n in names:
+            pr = runners[n][0]
+            st = Stats(times[n])
+            gflops = useful / st.median / 1e9
+            tol = pr.parity_tol(dtype)
+            ratios = {} if pr.int8 else {b: medians[b] / st.median for b in fp32 if b in medians}
+            rows.append(
+                {
+                    "shape": label,
+                    "provider": n,
+                    "int8": pr.int8,
+                    "median_ms": st.median * 1e3,
+                    "iqr_ms": st.iqr * 1e3,
+                    "seq_per_s": len(lengths) / st.median,
+                    "tok_per_s": sum(lengths) / st.median,
+                    "gflops": gflops,
+                    "ceiling_share": gflops / ceiling if args.device == "cpu" else None,
+                    "ratios": ratios,
+                    "parity": "ok" if errs[n] <= tol else f"WRONG ({errs[n]:.1e})",
+                    "max_abs_err": errs[n],
+                    "parity_tol": tol,
+                    "provider_info": runners[n][1].info,
+                }
+            )
+    return rows, ref_name
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -28,6 +28,14 @@ class Provider:
     is_bertfast = False
     #: Baselines are measured first on every workload so bertfast rows can carry ratios.
     is_baseline = True
+    #: Int8 peers: checked against INT8_PARITY_TOL and reported apart from fp32 rows.
+    int8 = False
+
+    def parity_tol(self, dtype: torch.dtype) -> float:
+        """Largest max-abs error on real tokens that still counts as correct."""
+        from .parity import INT8_PARITY_TOL, PARITY_TOL
+
+        return INT8_PARITY_TOL if self.int8 else PARITY_TOL.get(dtype, 5e-2)
 
     def unavailable(self, device: str, dtype: torch.dtype) -> str | None:
         return None
@@ -128,10 +136,15 @@ def builtin_providers(device: str) -> list[Provider]:
 
 
 def provider_by_name(name: str, device: str) -> Provider:
-    """The built-in provider called ``name`` (any ``bertfast-<backend>`` is accepted,
-    also for a backend that cannot run here: it then reports why through
-    ``unavailable``). ``ValueError`` lists the known names."""
-    known = {p.name: p for p in builtin_providers(device)}
+    """The built-in provider or peer runtime (``bertfast.bench.peers``) called ``name``
+    (any ``bertfast-<backend>`` is accepted, also for a backend that cannot run here: it
+    then reports why through ``unavailable``). ``ValueError`` lists the known names."""
+    from .peers import OpenVinoProvider, peer_providers
+
+    known = {p.name: p for p in builtin_providers(device) + peer_providers(device)}
+    for hint in OpenVinoProvider.HINTS:
+        p = OpenVinoProvider(hint)
+        known[p.name] = p
     if name in known:
         return known[name]
     if name.startswith("bertfast-"):
