@@ -163,6 +163,15 @@ def test_bench_cli_peers(checkpoint, cache, tmp_path, monkeypatch, capsys):
             str(out),
         ]
     )
+    installed = [
+        p.name for p in peer_providers("cpu") if p.name in PEERS and not p.unavailable("cpu", FP32)
+    ]
+    if not installed:  # every peer skipped with its reason, and the run says so
+        captured = capsys.readouterr()
+        assert rc == 1 and "no provider could run" in captured.err
+        for name in PEERS:
+            assert f"skip {name}: " in captured.out
+        return
     assert rc == 0
     text = capsys.readouterr().out
     data = json.loads(out.read_text())
