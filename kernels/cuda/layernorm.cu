@@ -80,6 +80,38 @@ __device__ __forceinline__ void normalize_row(float (&v)[CHUNKS][VEC], T* __rest
   }
 }
 
+// v = round(round(a + b) + c) over this thread's slice of a row, b skipped when
+// null (v = round(a + c)); slots past the width are zero. a, b, c are rows of
+// `width` elements: the word/type/position rows of embed_layernorm, or the
+// x/bias/residual rows of add_layernorm.
+template <typename T, int VEC, int CHUNKS>
+__device__ __forceinline__ void load_row_sum(float (&v)[CHUNKS][VEC], const T* __restrict__ a_row,
+                                             const T* __restrict__ b_row,
+                                             const T* __restrict__ c_row, int width) {
+  const int t = threadIdx.x;
+  const int group = blockDim.x;
+  const bool has_b = b_row != nullptr;
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const int j = c * group + t;
+    if (j * VEC < width) {
+      float a[VEC], b[VEC];
+      load_vec<T, VEC>(a_row + j * VEC, a);
+      if (has_b) {
+        load_vec<T, VEC>(b_row + j * VEC, b);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) a[e] = round_to<T>(a[e] + b[e]);
+      }
+      load_vec<T, VEC>(c_row + j * VEC, b);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v[c][e] = round_to<T>(a[e] + b[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v[c][e] = 0.f;
+    }
+  }
+}
+
 template <typename T, int VEC, int CHUNKS>
 __global__ void __launch_bounds__(kMaxThreads)
     embed_layernorm_kernel(T* __restrict__ out, const int64_t* __restrict__ input_ids,
@@ -120,25 +152,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const T* pos_row = pos + p * width;
   const T* type_row = has_types ? types + tt * width : nullptr;
   float v[CHUNKS][VEC];
-#pragma unroll
-  for (int c = 0; c < CHUNKS; ++c) {
-    const int j = c * group + t;
-    if (j * VEC < width) {
-      float a[VEC], b[VEC];
-      load_vec<T, VEC>(word_row + j * VEC, a);
-      if (has_types) {
-        load_vec<T, VEC>(type_row + j * VEC, b);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) a[e] = round_to<T>(a[e] + b[e]);
-      }
-      load_vec<T, VEC>(pos_row + j * VEC, b);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) v[c][e] = round_to<T>(a[e] + b[e]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) v[c][e] = 0.f;
-    }
-  }
+  load_row_sum<T, VEC, CHUNKS>(v, word_row, type_row, pos_row, width);
   normalize_row<T, VEC, CHUNKS>(v, out_row, weight, bias, width, eps, scratch);
 }
 
@@ -151,31 +165,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   __shared__ float scratch[32];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= rows) return;
-  const int t = threadIdx.x;
-  const int group = blockDim.x;
-  const T* x_row = x + row * width;
-  const T* res_row = residual + row * width;
-  const bool has_bias = bias != nullptr;
   float v[CHUNKS][VEC];
-#pragma unroll
-  for (int c = 0; c < CHUNKS; ++c) {
-    const int j = c * group + t;
-    if (j * VEC < width) {
-      float a[VEC], b[VEC];
-      load_vec<T, VEC>(x_row + j * VEC, a);
-      if (has_bias) {
-        load_vec<T, VEC>(bias + j * VEC, b);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) a[e] = round_to<T>(a[e] + b[e]);
-      }
-      load_vec<T, VEC>(res_row + j * VEC, b);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) v[c][e] = round_to<T>(a[e] + b[e]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) v[c][e] = 0.f;
-    }
-  }
+  load_row_sum<T, VEC, CHUNKS>(v, x + row * width, bias, residual + row * width, width);
   normalize_row<T, VEC, CHUNKS>(v, out + row * width, weight, ln_bias, width, eps, scratch);
 }
 
