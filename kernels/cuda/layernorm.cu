@@ -227,6 +227,24 @@ cudaError_t with_chunks(int chunks, F&& f) {
   return cudaErrorInvalidValue;
 }
 
+// Launches a row kernel: VEC is a full 16-byte vector of T when `vectorised`, else
+// 1; the launch shape and CHUNKS follow from rows and width (row_launch). Calls
+// launch(vec_c, chunks_c, l) with VEC and CHUNKS as std::integral_constant, then
+// returns the launch's error.
+template <typename T, typename Launch>
+cudaError_t launch_row_kernel(bool vectorised, int64_t rows, int64_t width, Launch&& launch) {
+  auto run = [&](auto vec_c) -> cudaError_t {
+    constexpr int VEC = decltype(vec_c)::value;
+    const RowLaunch l = row_launch(rows, width, VEC);
+    return with_chunks<VEC>(l.chunks, [&](auto chunks_c) -> cudaError_t {
+      launch(vec_c, chunks_c, l);
+      return cudaGetLastError();
+    });
+  };
+  if (vectorised) return run(std::integral_constant<int, Vec16<T>::kElems>{});
+  return run(std::integral_constant<int, 1>{});
+}
+
 template <typename T>
 cudaError_t embed_layernorm_typed(void* out, const int64_t* input_ids, const int64_t* position_ids,
                                   const int64_t* token_type_ids, const void* word, const void* pos,
@@ -237,21 +255,16 @@ cudaError_t embed_layernorm_typed(void* out, const int64_t* input_ids, const int
   const bool vectorised = width % kVec == 0 && is_aligned16(out) && is_aligned16(word) &&
                           is_aligned16(pos) && (types == nullptr || is_aligned16(types)) &&
                           is_aligned16(weight) && is_aligned16(bias);
-  auto run = [&](auto vec_c) -> cudaError_t {
-    constexpr int VEC = decltype(vec_c)::value;
-    const RowLaunch l = row_launch(rows, width, VEC);
-    return with_chunks<VEC>(l.chunks, [&](auto chunks_c) -> cudaError_t {
-      constexpr int CHUNKS = decltype(chunks_c)::value;
-      embed_layernorm_kernel<T, VEC, CHUNKS><<<l.grid, l.block, 0, stream>>>(
-          static_cast<T*>(out), input_ids, position_ids, token_type_ids,
-          static_cast<const T*>(word), static_cast<const T*>(pos), static_cast<const T*>(types),
-          static_cast<const T*>(weight), static_cast<const T*>(bias), rows, static_cast<int>(width),
-          vocab, max_positions, type_vocab, eps);
-      return cudaGetLastError();
-    });
-  };
-  if (vectorised) return run(std::integral_constant<int, kVec>{});
-  return run(std::integral_constant<int, 1>{});
+  return launch_row_kernel<T>(
+      vectorised, rows, width, [&](auto vec_c, auto chunks_c, const RowLaunch& l) {
+        constexpr int VEC = decltype(vec_c)::value;
+        constexpr int CHUNKS = decltype(chunks_c)::value;
+        embed_layernorm_kernel<T, VEC, CHUNKS><<<l.grid, l.block, 0, stream>>>(
+            static_cast<T*>(out), input_ids, position_ids, token_type_ids,
+            static_cast<const T*>(word), static_cast<const T*>(pos), static_cast<const T*>(types),
+            static_cast<const T*>(weight), static_cast<const T*>(bias), rows,
+            static_cast<int>(width), vocab, max_positions, type_vocab, eps);
+      });
 }
 
 template <typename T>
@@ -262,20 +275,15 @@ cudaError_t add_layernorm_typed(void* out, const void* x, const void* residual, 
   const bool vectorised = width % kVec == 0 && is_aligned16(out) && is_aligned16(x) &&
                           is_aligned16(residual) && (bias == nullptr || is_aligned16(bias)) &&
                           is_aligned16(weight) && is_aligned16(ln_bias);
-  auto run = [&](auto vec_c) -> cudaError_t {
-    constexpr int VEC = decltype(vec_c)::value;
-    const RowLaunch l = row_launch(rows, width, VEC);
-    return with_chunks<VEC>(l.chunks, [&](auto chunks_c) -> cudaError_t {
-      constexpr int CHUNKS = decltype(chunks_c)::value;
-      add_layernorm_kernel<T, VEC, CHUNKS><<<l.grid, l.block, 0, stream>>>(
-          static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(residual),
-          static_cast<const T*>(bias), static_cast<const T*>(weight),
-          static_cast<const T*>(ln_bias), rows, static_cast<int>(width), eps);
-      return cudaGetLastError();
-    });
-  };
-  if (vectorised) return run(std::integral_constant<int, kVec>{});
-  return run(std::integral_constant<int, 1>{});
+  return launch_row_kernel<T>(
+      vectorised, rows, width, [&](auto vec_c, auto chunks_c, const RowLaunch& l) {
+        constexpr int VEC = decltype(vec_c)::value;
+        constexpr int CHUNKS = decltype(chunks_c)::value;
+        add_layernorm_kernel<T, VEC, CHUNKS><<<l.grid, l.block, 0, stream>>>(
+            static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(residual),
+            static_cast<const T*>(bias), static_cast<const T*>(weight),
+            static_cast<const T*>(ln_bias), rows, static_cast<int>(width), eps);
+      });
 }
 
 bool layernorm_shape_ok(int64_t rows, int64_t width) {
