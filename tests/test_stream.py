@@ -424,23 +424,12 @@ def test_skip_bad_keeps_rows_in_place(micro, embedder, tmp_path, capsys):
     expect = embedder.encode(good)
     keep = [i for i in range(len(lines)) if i not in bad_ids]
 
+    def skip_bad_to(out):  # the same run, written as .npy and then as .parquet
+        args = ("-i", source, "-o", out, "--skip-bad", "--chunk-size", 7)
+        return ["encode", str(micro), *map(str, args)]
+
     out = tmp_path / "out.npy"
-    assert (
-        cli.main(
-            [
-                "encode",
-                str(micro),
-                "-i",
-                str(source),
-                "-o",
-                str(out),
-                "--skip-bad",
-                "--chunk-size",
-                "7",
-            ]
-        )
-        == 0
-    )
+    assert cli.main(skip_bad_to(out)) == 0
     summary = capsys.readouterr().out
     assert f"encoded {len(good)} texts" in summary
     assert f"skipped {len(bad_ids)} bad rows (their rows hold NaN)" in summary
@@ -452,22 +441,7 @@ def test_skip_bad_keeps_rows_in_place(micro, embedder, tmp_path, capsys):
     close(vectors[keep], expect)
 
     out = tmp_path / "out.parquet"
-    assert (
-        cli.main(
-            [
-                "encode",
-                str(micro),
-                "-i",
-                str(source),
-                "-o",
-                str(out),
-                "--skip-bad",
-                "--chunk-size",
-                "7",
-            ]
-        )
-        == 0
-    )
+    assert cli.main(skip_bad_to(out)) == 0
     assert "their ids are absent" in capsys.readouterr().out
     table = pq.read_table(out)
     assert table.column("id").to_pylist() == keep
