@@ -20,6 +20,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "constants.h"
 
@@ -126,6 +127,27 @@ BF_INLINE bf16 from_f32<bf16>(float v) {
   bf16 r;
   r.bits = static_cast<uint16_t>(is_nan ? nan : rounded);
   return r;
+}
+
+// Calls f(std::integral_constant<int, ACT>) for an Activation code (constants.h),
+// kNoActivation included only when kWithNone; any other code throws.
+template <bool kWithNone = false, typename F>
+void dispatch_activation(int activation, F&& f) {
+  switch (activation) {
+    case kGeluErf:
+      return f(std::integral_constant<int, kGeluErf>{});
+    case kGeluTanh:
+      return f(std::integral_constant<int, kGeluTanh>{});
+    case kRelu:
+      return f(std::integral_constant<int, kRelu>{});
+    case kNoActivation:
+      if constexpr (kWithNone) return f(std::integral_constant<int, kNoActivation>{});
+      break;
+    default:
+      break;
+  }
+  throw std::invalid_argument("bertfast cpu: unknown activation code " +
+                              std::to_string(activation));
 }
 
 // Runs `body` with `T` bound to the storage type named by `dtype`.
