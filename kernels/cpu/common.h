@@ -20,7 +20,6 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 
 #include "constants.h"
 
@@ -133,21 +132,10 @@ BF_INLINE bf16 from_f32<bf16>(float v) {
 // kNoActivation included only when kWithNone; any other code throws.
 template <bool kWithNone = false, typename F>
 void dispatch_activation(int activation, F&& f) {
-  switch (activation) {
-    case kGeluErf:
-      return f(std::integral_constant<int, kGeluErf>{});
-    case kGeluTanh:
-      return f(std::integral_constant<int, kGeluTanh>{});
-    case kRelu:
-      return f(std::integral_constant<int, kRelu>{});
-    case kNoActivation:
-      if constexpr (kWithNone) return f(std::integral_constant<int, kNoActivation>{});
-      break;
-    default:
-      break;
-  }
-  throw std::invalid_argument("bertfast cpu: unknown activation code " +
-                              std::to_string(activation));
+  visit_activation<kWithNone>(activation, f, [&]() -> void {
+    throw std::invalid_argument("bertfast cpu: unknown activation code " +
+                                std::to_string(activation));
+  });
 }
 
 // Runs `body` with `T` bound to the storage type named by `dtype`.
