@@ -98,75 +98,104 @@ _EMB = [
     (r"^embeddings\.LayerNorm" + _LIN, "embeddings.ln.{p}"),
 ]
 
-_BERT_LAYER = r"^encoder\.layer\.(?P<i>\d+)\."
-_BERTLIKE = _EMB + [
-    (r"^embeddings_project" + _LIN, "embeddings.project.{p}"),
-    (_BERT_LAYER + r"attention\.self\.(?P<qkv>query|key|value)" + _LIN, "layers.{i}.qkv.{p}"),
-    (_BERT_LAYER + r"attention\.output\.dense" + _LIN, "layers.{i}.attn_out.{p}"),
-    (_BERT_LAYER + r"attention\.output\.LayerNorm" + _LIN, "layers.{i}.attn_ln.{p}"),
-    (_BERT_LAYER + r"intermediate\.dense" + _LIN, "layers.{i}.ffn_in.{p}"),
-    (_BERT_LAYER + r"output\.dense" + _LIN, "layers.{i}.ffn_out.{p}"),
-    (_BERT_LAYER + r"output\.LayerNorm" + _LIN, "layers.{i}.ffn_ln.{p}"),
-    (r"^pooler\.dense" + _LIN, "pooler.{p}"),
+# The six linears/LayerNorms of an encoder layer, in the order _layer_rows takes them.
+_LAYER_PARTS = ("qkv", "attn_out", "attn_ln", "ffn_in", "ffn_out", "ffn_ln")
+
+
+def _layer_rows(layer: str, *modules: str) -> list:
+    """Rows for one family's encoder layer: ``layer`` matches the layer's key prefix
+    (capturing its index), ``modules`` are the submodule patterns of _LAYER_PARTS in
+    order (the first captures ``qkv``)."""
+    return [
+        (layer + module + _LIN, f"layers.{{i}}.{part}.{{p}}")
+        for part, module in zip(_LAYER_PARTS, modules, strict=True)
+    ]
+
+
+def _mlm_rows(head: str, dense: str, ln: str) -> list:
+    """Rows for a masked-LM head under ``head``: its transform (``dense``, ``ln``),
+    the decoder's weight and bias, and the separately stored output bias."""
+    return [
+        (head + dense + _LIN, "mlm.dense.{p}"),
+        (head + ln + _LIN, "mlm.ln.{p}"),
+        (head + r"decoder\.weight$", "mlm.decoder.weight"),
+        (head + r"decoder\.bias$", "mlm.decoder.bias"),
+        (head + r"bias$", "mlm.bias"),
+    ]
+
+
+_BERTLIKE = (
+    _EMB
+    + [(r"^embeddings_project" + _LIN, "embeddings.project.{p}")]
+    + _layer_rows(
+        r"^encoder\.layer\.(?P<i>\d+)\.",
+        r"attention\.self\.(?P<qkv>query|key|value)",
+        r"attention\.output\.dense",
+        r"attention\.output\.LayerNorm",
+        r"intermediate\.dense",
+        r"output\.dense",
+        r"output\.LayerNorm",
+    )
+    + [(r"^pooler\.dense" + _LIN, "pooler.{p}")]
     # heads
-    (r"^cls\.predictions\.transform\.dense" + _LIN, "mlm.dense.{p}"),
-    (r"^cls\.predictions\.transform\.LayerNorm" + _LIN, "mlm.ln.{p}"),
-    (r"^cls\.predictions\.decoder\.weight$", "mlm.decoder.weight"),
-    (r"^cls\.predictions\.decoder\.bias$", "mlm.decoder.bias"),
-    (r"^cls\.predictions\.bias$", "mlm.bias"),
-    (r"^cls\.seq_relationship" + _LIN, "nsp.{p}"),
-    (r"^lm_head\.dense" + _LIN, "mlm.dense.{p}"),
-    (r"^lm_head\.layer_norm" + _LIN, "mlm.ln.{p}"),
-    (r"^lm_head\.decoder\.weight$", "mlm.decoder.weight"),
-    (r"^lm_head\.decoder\.bias$", "mlm.decoder.bias"),
-    (r"^lm_head\.bias$", "mlm.bias"),
-    (r"^generator_predictions\.dense" + _LIN, "mlm.dense.{p}"),
-    (r"^generator_predictions\.LayerNorm" + _LIN, "mlm.ln.{p}"),
-    (r"^generator_lm_head" + _LIN, "mlm.decoder.{p}"),
-    (r"^discriminator_predictions\.dense" + _LIN, "discriminator.dense.{p}"),
-    (r"^discriminator_predictions\.dense_prediction" + _LIN, "discriminator.out.{p}"),
-    (r"^classifier\.dense" + _LIN, "classifier.dense.{p}"),
-    (r"^classifier\.out_proj" + _LIN, "classifier.out.{p}"),
-    (r"^classifier" + _LIN, "classifier.out.{p}"),
-    (r"^sequence_summary\.summary" + _LIN, "classifier.dense.{p}"),
-    (r"^qa_outputs" + _LIN, "qa.{p}"),
-]
+    + _mlm_rows(r"^cls\.predictions\.", r"transform\.dense", r"transform\.LayerNorm")
+    + [(r"^cls\.seq_relationship" + _LIN, "nsp.{p}")]
+    + _mlm_rows(r"^lm_head\.", r"dense", r"layer_norm")
+    + [
+        (r"^generator_predictions\.dense" + _LIN, "mlm.dense.{p}"),
+        (r"^generator_predictions\.LayerNorm" + _LIN, "mlm.ln.{p}"),
+        (r"^generator_lm_head" + _LIN, "mlm.decoder.{p}"),
+        (r"^discriminator_predictions\.dense" + _LIN, "discriminator.dense.{p}"),
+        (r"^discriminator_predictions\.dense_prediction" + _LIN, "discriminator.out.{p}"),
+        (r"^classifier\.dense" + _LIN, "classifier.dense.{p}"),
+        (r"^classifier\.out_proj" + _LIN, "classifier.out.{p}"),
+        (r"^classifier" + _LIN, "classifier.out.{p}"),
+        (r"^sequence_summary\.summary" + _LIN, "classifier.dense.{p}"),
+        (r"^qa_outputs" + _LIN, "qa.{p}"),
+    ]
+)
 
-_ALBERT_LAYER = r"^encoder\.albert_layer_groups\.(?P<g>\d+)\.albert_layers\.(?P<j>\d+)\."
-_ALBERT = _EMB + [
-    (r"^encoder\.embedding_hidden_mapping_in" + _LIN, "embeddings.project.{p}"),
-    (_ALBERT_LAYER + r"attention\.(?P<qkv>query|key|value)" + _LIN, "layers.{i}.qkv.{p}"),
-    (_ALBERT_LAYER + r"attention\.dense" + _LIN, "layers.{i}.attn_out.{p}"),
-    (_ALBERT_LAYER + r"attention\.LayerNorm" + _LIN, "layers.{i}.attn_ln.{p}"),
-    (_ALBERT_LAYER + r"ffn" + _LIN, "layers.{i}.ffn_in.{p}"),
-    (_ALBERT_LAYER + r"ffn_output" + _LIN, "layers.{i}.ffn_out.{p}"),
-    (_ALBERT_LAYER + r"full_layer_layer_norm" + _LIN, "layers.{i}.ffn_ln.{p}"),
-    (r"^pooler" + _LIN, "pooler.{p}"),
-    (r"^predictions\.dense" + _LIN, "mlm.dense.{p}"),
-    (r"^predictions\.LayerNorm" + _LIN, "mlm.ln.{p}"),
-    (r"^predictions\.decoder\.weight$", "mlm.decoder.weight"),
-    (r"^predictions\.decoder\.bias$", "mlm.decoder.bias"),
-    (r"^predictions\.bias$", "mlm.bias"),
-    (r"^sop_classifier\.classifier" + _LIN, "sop.{p}"),
-    (r"^classifier" + _LIN, "classifier.out.{p}"),
-    (r"^qa_outputs" + _LIN, "qa.{p}"),
-]
+_ALBERT = (
+    _EMB
+    + [(r"^encoder\.embedding_hidden_mapping_in" + _LIN, "embeddings.project.{p}")]
+    + _layer_rows(
+        r"^encoder\.albert_layer_groups\.(?P<g>\d+)\.albert_layers\.(?P<j>\d+)\.",
+        r"attention\.(?P<qkv>query|key|value)",
+        r"attention\.dense",
+        r"attention\.LayerNorm",
+        r"ffn",
+        r"ffn_output",
+        r"full_layer_layer_norm",
+    )
+    + [(r"^pooler" + _LIN, "pooler.{p}")]
+    + _mlm_rows(r"^predictions\.", r"dense", r"LayerNorm")
+    + [
+        (r"^sop_classifier\.classifier" + _LIN, "sop.{p}"),
+        (r"^classifier" + _LIN, "classifier.out.{p}"),
+        (r"^qa_outputs" + _LIN, "qa.{p}"),
+    ]
+)
 
-_DB_LAYER = r"^transformer\.layer\.(?P<i>\d+)\."
-_DISTILBERT = _EMB + [
-    (_DB_LAYER + r"attention\.(?P<qkv>q_lin|k_lin|v_lin)" + _LIN, "layers.{i}.qkv.{p}"),
-    (_DB_LAYER + r"attention\.out_lin" + _LIN, "layers.{i}.attn_out.{p}"),
-    (_DB_LAYER + r"sa_layer_norm" + _LIN, "layers.{i}.attn_ln.{p}"),
-    (_DB_LAYER + r"ffn\.lin1" + _LIN, "layers.{i}.ffn_in.{p}"),
-    (_DB_LAYER + r"ffn\.lin2" + _LIN, "layers.{i}.ffn_out.{p}"),
-    (_DB_LAYER + r"output_layer_norm" + _LIN, "layers.{i}.ffn_ln.{p}"),
-    (r"^vocab_transform" + _LIN, "mlm.dense.{p}"),
-    (r"^vocab_layer_norm" + _LIN, "mlm.ln.{p}"),
-    (r"^vocab_projector" + _LIN, "mlm.decoder.{p}"),
-    (r"^pre_classifier" + _LIN, "classifier.dense.{p}"),
-    (r"^classifier" + _LIN, "classifier.out.{p}"),
-    (r"^qa_outputs" + _LIN, "qa.{p}"),
-]
+_DISTILBERT = (
+    _EMB
+    + _layer_rows(
+        r"^transformer\.layer\.(?P<i>\d+)\.",
+        r"attention\.(?P<qkv>q_lin|k_lin|v_lin)",
+        r"attention\.out_lin",
+        r"sa_layer_norm",
+        r"ffn\.lin1",
+        r"ffn\.lin2",
+        r"output_layer_norm",
+    )
+    + [
+        (r"^vocab_transform" + _LIN, "mlm.dense.{p}"),
+        (r"^vocab_layer_norm" + _LIN, "mlm.ln.{p}"),
+        (r"^vocab_projector" + _LIN, "mlm.decoder.{p}"),
+        (r"^pre_classifier" + _LIN, "classifier.dense.{p}"),
+        (r"^classifier" + _LIN, "classifier.out.{p}"),
+        (r"^qa_outputs" + _LIN, "qa.{p}"),
+    ]
+)
 
 # Fallback names: BERT/RoBERTa/ALBERT keep the MLM output bias as ``*.predictions.bias``
 # (tied to ``decoder.bias``); an untied checkpoint has both and the decoder's wins.

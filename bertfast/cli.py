@@ -791,16 +791,15 @@ def _add_model_options(p: argparse.ArgumentParser, dtype: bool = True) -> None:
         p.add_argument("--dtype", default="float32", choices=DTYPES, help="weights and activations")
 
 
+def _add_switch(p: argparse.ArgumentParser, name: str, help: str) -> None:
+    """``--NAME`` / ``--no-NAME``, exclusive, into ``args.NAME`` (None when neither)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(f"--{name}", dest=name, action="store_true", default=None, help=help)
+    group.add_argument(f"--no-{name}", dest=name, action="store_false")
+
+
 def _add_progress_options(p: argparse.ArgumentParser) -> None:
-    prog = p.add_mutually_exclusive_group()
-    prog.add_argument(
-        "--progress",
-        dest="progress",
-        action="store_true",
-        default=None,
-        help="always show a progress bar on stderr (default: from 256 texts on)",
-    )
-    prog.add_argument("--no-progress", dest="progress", action="store_false")
+    _add_switch(p, "progress", "always show a progress bar on stderr (default: from 256 texts on)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -886,15 +885,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="continue an interrupted .npy/.parquet run from its last finished chunk",
     )
-    norm = p.add_mutually_exclusive_group()
-    norm.add_argument(
-        "--normalize",
-        dest="normalize",
-        action="store_true",
-        default=None,
-        help="L2-normalise the vectors (default: as the checkpoint says)",
-    )
-    norm.add_argument("--no-normalize", dest="normalize", action="store_false")
+    _add_switch(p, "normalize", "L2-normalise the vectors (default: as the checkpoint says)")
     _add_progress_options(p)
     ray_opts = p.add_argument_group("Ray Data (--ray)")
     ray_opts.add_argument(

@@ -269,11 +269,12 @@ class BertfastModel(nn.Module):
         )
 
     # ------------------------------------------------------------ validation
-    def _check_ids(self, name: str, t, shape):
-        """Type, dtype, shape and device of an integer id tensor (no device read)."""
+    def _check_ids(self, name: str, t, shape, ids: bool = True):
+        """Type, dtype (integer ids when ``ids``), shape and device of an input tensor
+        (no device read)."""
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _INT_DTYPES:
+        if ids and t.dtype not in _INT_DTYPES:
             raise TypeError(f"{name} must hold integer ids, got dtype {t.dtype}")
         if shape is not None and tuple(t.shape) != tuple(shape):
             raise ValueError(
@@ -319,20 +320,7 @@ class BertfastModel(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones(B, S, dtype=torch.int32, device=input_ids.device)
         else:
-            if not isinstance(attention_mask, torch.Tensor):
-                raise TypeError(
-                    f"attention_mask must be a torch.Tensor, got {type(attention_mask).__name__}"
-                )
-            if tuple(attention_mask.shape) != (B, S):
-                raise ValueError(
-                    f"attention_mask has shape {tuple(attention_mask.shape)}, "
-                    f"expected {(B, S)} (the shape of input_ids)"
-                )
-            if not _same_device(attention_mask.device, self.device):
-                raise ValueError(
-                    f"attention_mask is on {attention_mask.device} but the model "
-                    f"is on {self.device}"
-                )
+            self._check_ids("attention_mask", attention_mask, (B, S), ids=False)
             if attention_mask.is_complex():
                 raise TypeError("attention_mask must be a real (bool/int/float) tensor")
 

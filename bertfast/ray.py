@@ -177,6 +177,19 @@ class BertfastPredictor:
 
 
 _RAY_ARGS = ("batch_size", "concurrency", "num_cpus", "num_gpus", "memory")
+# The embedder arguments embed_dataset accepts (serve_app: all but max_tokens).
+_EMBEDDER_KWARGS = frozenset(
+    {
+        "device",
+        "dtype",
+        "backend",
+        "max_length",
+        "pooling",
+        "normalize",
+        "max_tokens",
+        "encode_batch_size",
+    }
+)
 
 
 def embed_dataset(
@@ -215,16 +228,7 @@ def embed_dataset(
     _import_ray("embed_dataset")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
-    unknown = set(embedder_kwargs) - {
-        "device",
-        "dtype",
-        "backend",
-        "max_length",
-        "pooling",
-        "normalize",
-        "max_tokens",
-        "encode_batch_size",
-    }
+    unknown = set(embedder_kwargs) - _EMBEDDER_KWARGS
     if unknown and predictor is BertfastPredictor:  # a subclass may take more
         raise TypeError(f"embed_dataset() got unexpected arguments {sorted(unknown)}")
     if "dtype" in embedder_kwargs:
@@ -707,15 +711,7 @@ def serve_app(
         raise ValueError(f"max_batch_size must be a positive integer, not {max_batch_size!r}")
     if not isinstance(batch_wait_timeout_s, (int, float)) or batch_wait_timeout_s < 0:
         raise ValueError(f"batch_wait_timeout_s must be >= 0, not {batch_wait_timeout_s!r}")
-    unknown = set(embedder_kwargs) - {
-        "device",
-        "dtype",
-        "backend",
-        "max_length",
-        "pooling",
-        "normalize",
-        "encode_batch_size",
-    }
+    unknown = set(embedder_kwargs) - (_EMBEDDER_KWARGS - {"max_tokens"})
     if unknown:
         raise TypeError(f"serve_app() got unexpected arguments {sorted(unknown)}")
     if "dtype" in embedder_kwargs:

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace bertfast {
 
@@ -18,6 +19,27 @@ inline constexpr const char* kDTypeNames[] = {"float32", "float16", "bfloat16"};
 // the same codes as their ACTIVATION constexpr). kNoActivation: plain linear.
 enum Activation : int { kNoActivation = -1, kGeluErf = 0, kGeluTanh = 1, kRelu = 2 };
 inline constexpr const char* kActivationNames[] = {"gelu", "gelu_tanh", "relu"};
+
+// Returns f(std::integral_constant<int, ACT>) for the Activation code `activation`
+// (kNoActivation only when kWithNone), or unknown() for any other code: the one
+// runtime-code-to-template switch of the CPU and CUDA kernels.
+template <bool kWithNone, typename F, typename Unknown>
+auto visit_activation(int activation, F&& f, Unknown&& unknown) {
+  switch (activation) {
+    case kGeluErf:
+      return f(std::integral_constant<int, kGeluErf>{});
+    case kGeluTanh:
+      return f(std::integral_constant<int, kGeluTanh>{});
+    case kRelu:
+      return f(std::integral_constant<int, kRelu>{});
+    case kNoActivation:
+      if constexpr (kWithNone) return f(std::integral_constant<int, kNoActivation>{});
+      break;
+    default:
+      break;
+  }
+  return unknown();
+}
 
 // Head dims the CUDA attention kernel is compiled for (kernels/cuda/attention.cu
 // instantiates exactly this list).

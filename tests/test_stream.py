@@ -82,25 +82,18 @@ def big(tmp_path_factory):
     return path, texts
 
 
+def _encode_big(micro, path, out):
+    """The CLI arguments that encode the big file into ``out`` (every run of it alike)."""
+    args = ("--input", path, "--output", out, "--batch-size", 256, "--chunk-size", 5000)
+    return ("encode", micro, *args, "--no-progress")
+
+
 @pytest.fixture(scope="module")
 def big_run(micro, big, tmp_path_factory):
     """The 200k-line file encoded once, uninterrupted, with its peak RSS."""
     path, _ = big
     out = tmp_path_factory.mktemp("big_out") / "full.npy"
-    result, rss = run_measured(
-        "encode",
-        micro,
-        "--input",
-        path,
-        "--output",
-        out,
-        "--batch-size",
-        256,
-        "--chunk-size",
-        5000,
-        "--no-progress",
-        cwd=path.parent,
-    )
+    result, rss = run_measured(*_encode_big(micro, path, out), cwd=path.parent)
     assert result.returncode == 0, result.stderr
     return out, rss, result
 
@@ -147,19 +140,7 @@ def test_resume_after_kill_equals_uninterrupted(micro, big, big_run, tmp_path):
     path, _ = big
     full, _, _ = big_run
     out = tmp_path / "resumed.npy"
-    args = (
-        "encode",
-        micro,
-        "--input",
-        path,
-        "--output",
-        out,
-        "--batch-size",
-        256,
-        "--chunk-size",
-        5000,
-        "--no-progress",
-    )
+    args = _encode_big(micro, path, out)
     proc = subprocess.Popen(
         [sys.executable, "-m", "bertfast", *map(str, args)],
         cwd=tmp_path,
@@ -424,23 +405,12 @@ def test_skip_bad_keeps_rows_in_place(micro, embedder, tmp_path, capsys):
     expect = embedder.encode(good)
     keep = [i for i in range(len(lines)) if i not in bad_ids]
 
+    def skip_bad_to(out):  # the same run, written as .npy and then as .parquet
+        args = ("-i", source, "-o", out, "--skip-bad", "--chunk-size", 7)
+        return ["encode", str(micro), *map(str, args)]
+
     out = tmp_path / "out.npy"
-    assert (
-        cli.main(
-            [
-                "encode",
-                str(micro),
-                "-i",
-                str(source),
-                "-o",
-                str(out),
-                "--skip-bad",
-                "--chunk-size",
-                "7",
-            ]
-        )
-        == 0
-    )
+    assert cli.main(skip_bad_to(out)) == 0
     summary = capsys.readouterr().out
     assert f"encoded {len(good)} texts" in summary
     assert f"skipped {len(bad_ids)} bad rows (their rows hold NaN)" in summary
@@ -452,22 +422,7 @@ def test_skip_bad_keeps_rows_in_place(micro, embedder, tmp_path, capsys):
     close(vectors[keep], expect)
 
     out = tmp_path / "out.parquet"
-    assert (
-        cli.main(
-            [
-                "encode",
-                str(micro),
-                "-i",
-                str(source),
-                "-o",
-                str(out),
-                "--skip-bad",
-                "--chunk-size",
-                "7",
-            ]
-        )
-        == 0
-    )
+    assert cli.main(skip_bad_to(out)) == 0
     assert "their ids are absent" in capsys.readouterr().out
     table = pq.read_table(out)
     assert table.column("id").to_pylist() == keep

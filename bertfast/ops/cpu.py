@@ -30,6 +30,7 @@ from .native import (
     add_layernorm_operands,
     embed_operands,
     mask_operand,
+    native_ops,
 )
 from .native import (
     contig as _c,
@@ -168,18 +169,7 @@ def _supports_attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
 BACKEND = Backend(
     name="cpu",
     device_types=("cpu",),
-    ops={
-        "linear": linear_op,
-        "embed_layernorm": embed_layernorm,
-        "add_layernorm": add_layernorm,
-        "bias_gelu": bias_gelu,
-        "bias_gelu_": bias_gelu_,
-        "linear_gelu": linear_gelu,
-        "attention": attention,
-        "attention_varlen": attention_varlen,
-        "pack_tokens": pack_tokens,
-        "unpack_tokens": unpack_tokens,
-    },
+    ops={"linear": linear_op, **native_ops(globals())},
     supports={
         "embed_layernorm": _supports_embed,
         "add_layernorm": _supports_add_ln,

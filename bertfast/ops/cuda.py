@@ -34,6 +34,7 @@ from .native import (
     add_layernorm_operands,
     embed_operands,
     mask_operand,
+    native_ops,
 )
 from .native import (
     CUDA_ATTENTION_HEAD_DIMS as ATTENTION_HEAD_DIMS,
@@ -207,19 +208,8 @@ def unpack_tokens(x, indices, num_rows):
 BACKEND = Backend(
     name="cuda",
     device_types=("cuda",),
-    ops={
-        # A projection with nothing to fuse stays with the framework GEMM (cuBLAS).
-        "linear": torch.nn.functional.linear,
-        "embed_layernorm": embed_layernorm,
-        "add_layernorm": add_layernorm,
-        "bias_gelu": bias_gelu,
-        "bias_gelu_": bias_gelu_,
-        "linear_gelu": linear_gelu,
-        "attention": attention,
-        "attention_varlen": attention_varlen,
-        "pack_tokens": pack_tokens,
-        "unpack_tokens": unpack_tokens,
-    },
+    # A projection with nothing to fuse stays with the framework GEMM (cuBLAS).
+    ops={"linear": torch.nn.functional.linear, **native_ops(globals())},
     supports={
         "embed_layernorm": _supports_embed_layernorm,
         "add_layernorm": _supports_add_layernorm,

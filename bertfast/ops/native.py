@@ -41,6 +41,27 @@ MAX_CUDA_SEQLEN = CONSTANTS.get("max_cuda_seqlen", 0)
 MAX_CUDA_ROWS = CONSTANTS.get("max_cuda_rows", 0)
 
 
+#: The ops both native backends implement, each by a module-level function of the op's
+#: name (``linear`` differs: the C++ GEMM on CPU, the framework's cuBLAS on CUDA).
+NATIVE_OPS = (
+    "embed_layernorm",
+    "add_layernorm",
+    "bias_gelu",
+    "bias_gelu_",
+    "linear_gelu",
+    "attention",
+    "attention_varlen",
+    "pack_tokens",
+    "unpack_tokens",
+)
+
+
+def native_ops(namespace: dict) -> dict:
+    """``{op: namespace[op]}`` for every op of NATIVE_OPS (a backend passes its
+    ``globals()``)."""
+    return {name: namespace[name] for name in NATIVE_OPS}
+
+
 def contig(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.contiguous()
 

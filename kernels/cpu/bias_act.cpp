@@ -69,19 +69,9 @@ void bias_act_impl(T* out, const T* x, const void* bias_ptr, int64_t rows, int64
 template <typename T>
 void bias_act_typed(T* out, const T* x, const void* bias, int64_t rows, int64_t cols, int act,
                     int num_threads) {
-  switch (act) {
-    case kGeluErf:
-      bias_act_impl<T, kGeluErf>(out, x, bias, rows, cols, num_threads);
-      break;
-    case kGeluTanh:
-      bias_act_impl<T, kGeluTanh>(out, x, bias, rows, cols, num_threads);
-      break;
-    case kRelu:
-      bias_act_impl<T, kRelu>(out, x, bias, rows, cols, num_threads);
-      break;
-    default:
-      throw std::invalid_argument("bertfast cpu: unknown activation code " + std::to_string(act));
-  }
+  dispatch_activation(act, [&](auto act_c) {
+    bias_act_impl<T, decltype(act_c)::value>(out, x, bias, rows, cols, num_threads);
+  });
 }
 
 }  // namespace

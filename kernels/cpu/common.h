@@ -128,6 +128,16 @@ BF_INLINE bf16 from_f32<bf16>(float v) {
   return r;
 }
 
+// Calls f(std::integral_constant<int, ACT>) for an Activation code (constants.h),
+// kNoActivation included only when kWithNone; any other code throws.
+template <bool kWithNone = false, typename F>
+void dispatch_activation(int activation, F&& f) {
+  visit_activation<kWithNone>(activation, f, [&]() -> void {
+    throw std::invalid_argument("bertfast cpu: unknown activation code " +
+                                std::to_string(activation));
+  });
+}
+
 // Runs `body` with `T` bound to the storage type named by `dtype`.
 #define BF_DISPATCH_DTYPE(dtype, T, ...)                                    \
   switch (dtype) {                                                          \

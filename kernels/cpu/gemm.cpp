@@ -221,23 +221,9 @@ void linear_packed(void* out, const void* x, const void* packed, const void* bia
   float* op = static_cast<float*>(out);
   advise_huge_pages(op, M * N * static_cast<int64_t>(sizeof(float)));
   const bool avx512 = use_avx512(allow_avx512);
-  switch (activation) {
-    case kGeluErf:
-      gemm_packed<kGeluErf>(xp, pk, bp, op, M, N, K, avx512, num_threads);
-      break;
-    case kGeluTanh:
-      gemm_packed<kGeluTanh>(xp, pk, bp, op, M, N, K, avx512, num_threads);
-      break;
-    case kRelu:
-      gemm_packed<kRelu>(xp, pk, bp, op, M, N, K, avx512, num_threads);
-      break;
-    case kNoActivation:
-      gemm_packed<kNoActivation>(xp, pk, bp, op, M, N, K, avx512, num_threads);
-      break;
-    default:
-      throw std::invalid_argument("bertfast cpu: unknown activation code " +
-                                  std::to_string(activation));
-  }
+  dispatch_activation</*kWithNone=*/true>(activation, [&](auto act_c) {
+    gemm_packed<decltype(act_c)::value>(xp, pk, bp, op, M, N, K, avx512, num_threads);
+  });
 }
 
 void linear_act(void* out, const void* x, const void* weight, const void* bias, int64_t M,

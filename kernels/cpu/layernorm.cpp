@@ -47,6 +47,25 @@ void to_f32_vector(const void* src, float* dst, int64_t n) {
   for (int64_t j = 0; j < n; ++j) dst[j] = to_f32(s[j]);
 }
 
+// Runs body(r, row) for every r in [0, rows), split statically over nt OpenMP
+// threads; `row` is the calling thread's fp32 scratch row of n elements.
+template <typename Body>
+void for_each_row(int64_t rows, int64_t n, int nt, Body&& body) {
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp parallel num_threads(nt)
+#else
+  (void)nt;
+#endif
+  {
+    std::vector<float> scratch(n);
+    float* BF_RESTRICT row = scratch.data();
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp for schedule(static)
+#endif
+    for (int64_t r = 0; r < rows; ++r) body(r, row);
+  }
+}
+
 template <typename T>
 void add_layernorm_impl(T* out, const T* x, const T* residual, const void* bias_ptr,
                         const void* weight_ptr, const void* ln_bias_ptr, int64_t rows, int64_t n,
@@ -60,23 +79,13 @@ void add_layernorm_impl(T* out, const T* x, const T* residual, const void* bias_
   to_f32_vector<T>(weight_ptr, w, n);
   to_f32_vector<T>(ln_bias_ptr, b, n);
   const int nt = threads_for(rows * n, 16384, num_threads);
-#ifdef BERTFAST_WITH_OPENMP
-#pragma omp parallel num_threads(nt)
-#endif
-  {
-    std::vector<float> scratch(n);
-    float* BF_RESTRICT row = scratch.data();
-#ifdef BERTFAST_WITH_OPENMP
-#pragma omp for schedule(static)
-#endif
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* BF_RESTRICT xr = x + r * n;
-      const T* BF_RESTRICT rr = residual + r * n;
-      // Same association as the reference: (x + bias) + residual.
-      for (int64_t j = 0; j < n; ++j) row[j] = (to_f32(xr[j]) + bias[j]) + to_f32(rr[j]);
-      normalize_row(row, w, b, out + r * n, n, eps);
-    }
-  }
+  for_each_row(rows, n, nt, [&](int64_t r, float* BF_RESTRICT row) {
+    const T* BF_RESTRICT xr = x + r * n;
+    const T* BF_RESTRICT rr = residual + r * n;
+    // Same association as the reference: (x + bias) + residual.
+    for (int64_t j = 0; j < n; ++j) row[j] = (to_f32(xr[j]) + bias[j]) + to_f32(rr[j]);
+    normalize_row(row, w, b, out + r * n, n, eps);
+  });
 }
 
 template <typename T>
@@ -92,38 +101,27 @@ void embed_layernorm_impl(T* out, const int64_t* input_ids, const int64_t* posit
   to_f32_vector<T>(bias_ptr, b, n);
   const int nt = threads_for(tokens * n, 16384, num_threads);
   const T nan = from_f32<T>(std::numeric_limits<float>::quiet_NaN());
-#ifdef BERTFAST_WITH_OPENMP
-#pragma omp parallel num_threads(nt)
-#endif
-  {
-    std::vector<float> scratch(n);
-    float* BF_RESTRICT row = scratch.data();
-#ifdef BERTFAST_WITH_OPENMP
-#pragma omp for schedule(static)
-#endif
-    for (int64_t t = 0; t < tokens; ++t) {
-      T* BF_RESTRICT o = out + t * n;
-      const int64_t id = input_ids[t];
-      const int64_t p = position_ids[t];
-      const int64_t tt = token_type_ids ? token_type_ids[t] : 0;
-      // Bounds-safe whatever the caller checked: an out-of-range id gives a NaN row.
-      if (id < 0 || id >= vocab || p < 0 || p >= num_pos ||
-          (types && (tt < 0 || tt >= num_types))) {
-        for (int64_t j = 0; j < n; ++j) o[j] = nan;
-        continue;
-      }
-      const T* BF_RESTRICT wr = word + id * n;
-      const T* BF_RESTRICT pr = pos + p * n;
-      if (types) {
-        const T* BF_RESTRICT tr = types + tt * n;
-        // transformers' order: word, then token type, then position.
-        for (int64_t j = 0; j < n; ++j) row[j] = (to_f32(wr[j]) + to_f32(tr[j])) + to_f32(pr[j]);
-      } else {
-        for (int64_t j = 0; j < n; ++j) row[j] = to_f32(wr[j]) + to_f32(pr[j]);
-      }
-      normalize_row(row, w, b, o, n, eps);
+  for_each_row(tokens, n, nt, [&](int64_t t, float* BF_RESTRICT row) {
+    T* BF_RESTRICT o = out + t * n;
+    const int64_t id = input_ids[t];
+    const int64_t p = position_ids[t];
+    const int64_t tt = token_type_ids ? token_type_ids[t] : 0;
+    // Bounds-safe whatever the caller checked: an out-of-range id gives a NaN row.
+    if (id < 0 || id >= vocab || p < 0 || p >= num_pos || (types && (tt < 0 || tt >= num_types))) {
+      for (int64_t j = 0; j < n; ++j) o[j] = nan;
+      return;
     }
-  }
+    const T* BF_RESTRICT wr = word + id * n;
+    const T* BF_RESTRICT pr = pos + p * n;
+    if (types) {
+      const T* BF_RESTRICT tr = types + tt * n;
+      // transformers' order: word, then token type, then position.
+      for (int64_t j = 0; j < n; ++j) row[j] = (to_f32(wr[j]) + to_f32(tr[j])) + to_f32(pr[j]);
+    } else {
+      for (int64_t j = 0; j < n; ++j) row[j] = to_f32(wr[j]) + to_f32(pr[j]);
+    }
+    normalize_row(row, w, b, o, n, eps);
+  });
 }
 
 }  // namespace

@@ -42,16 +42,8 @@ cudaError_t dispatch_dtype(int dtype, F&& f) {
 // f(std::integral_constant<int, ACT>) for an Activation code (constants.h).
 template <typename F>
 cudaError_t dispatch_activation(int activation, F&& f) {
-  switch (activation) {
-    case kGeluErf:
-      return f(std::integral_constant<int, kGeluErf>{});
-    case kGeluTanh:
-      return f(std::integral_constant<int, kGeluTanh>{});
-    case kRelu:
-      return f(std::integral_constant<int, kRelu>{});
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return visit_activation<false>(activation, f,
+                                 []() -> cudaError_t { return cudaErrorInvalidValue; });
 }
 
 // f(std::integral_constant<int, V>) for the V of the list equal to `value`.

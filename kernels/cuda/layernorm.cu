@@ -80,6 +80,38 @@ __device__ __forceinline__ void normalize_row(float (&v)[CHUNKS][VEC], T* __rest
   }
 }
 
+// v = round(round(a + b) + c) over this thread's slice of a row, b skipped when
+// null (v = round(a + c)); slots past the width are zero. a, b, c are rows of
+// `width` elements: the word/type/position rows of embed_layernorm, or the
+// x/bias/residual rows of add_layernorm.
+template <typename T, int VEC, int CHUNKS>
+__device__ __forceinline__ void load_row_sum(float (&v)[CHUNKS][VEC], const T* __restrict__ a_row,
+                                             const T* __restrict__ b_row,
+                                             const T* __restrict__ c_row, int width) {
+  const int t = threadIdx.x;
+  const int group = blockDim.x;
+  const bool has_b = b_row != nullptr;
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const int j = c * group + t;
+    if (j * VEC < width) {
+      float a[VEC], b[VEC];
+      load_vec<T, VEC>(a_row + j * VEC, a);
+      if (has_b) {
+        load_vec<T, VEC>(b_row + j * VEC, b);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) a[e] = round_to<T>(a[e] + b[e]);
+      }
+      load_vec<T, VEC>(c_row + j * VEC, b);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v[c][e] = round_to<T>(a[e] + b[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v[c][e] = 0.f;
+    }
+  }
+}
+
 template <typename T, int VEC, int CHUNKS>
 __global__ void __launch_bounds__(kMaxThreads)
     embed_layernorm_kernel(T* __restrict__ out, const int64_t* __restrict__ input_ids,
@@ -120,25 +152,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const T* pos_row = pos + p * width;
   const T* type_row = has_types ? types + tt * width : nullptr;
   float v[CHUNKS][VEC];
-#pragma unroll
-  for (int c = 0; c < CHUNKS; ++c) {
-    const int j = c * group + t;
-    if (j * VEC < width) {
-      float a[VEC], b[VEC];
-      load_vec<T, VEC>(word_row + j * VEC, a);
-      if (has_types) {
-        load_vec<T, VEC>(type_row + j * VEC, b);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) a[e] = round_to<T>(a[e] + b[e]);
-      }
-      load_vec<T, VEC>(pos_row + j * VEC, b);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) v[c][e] = round_to<T>(a[e] + b[e]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) v[c][e] = 0.f;
-    }
-  }
+  load_row_sum<T, VEC, CHUNKS>(v, word_row, type_row, pos_row, width);
   normalize_row<T, VEC, CHUNKS>(v, out_row, weight, bias, width, eps, scratch);
 }
 
@@ -151,31 +165,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   __shared__ float scratch[32];
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= rows) return;
-  const int t = threadIdx.x;
-  const int group = blockDim.x;
-  const T* x_row = x + row * width;
-  const T* res_row = residual + row * width;
-  const bool has_bias = bias != nullptr;
   float v[CHUNKS][VEC];
-#pragma unroll
-  for (int c = 0; c < CHUNKS; ++c) {
-    const int j = c * group + t;
-    if (j * VEC < width) {
-      float a[VEC], b[VEC];
-      load_vec<T, VEC>(x_row + j * VEC, a);
-      if (has_bias) {
-        load_vec<T, VEC>(bias + j * VEC, b);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) a[e] = round_to<T>(a[e] + b[e]);
-      }
-      load_vec<T, VEC>(res_row + j * VEC, b);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) v[c][e] = round_to<T>(a[e] + b[e]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) v[c][e] = 0.f;
-    }
-  }
+  load_row_sum<T, VEC, CHUNKS>(v, x + row * width, bias, residual + row * width, width);
   normalize_row<T, VEC, CHUNKS>(v, out + row * width, weight, ln_bias, width, eps, scratch);
 }
 
@@ -236,6 +227,24 @@ cudaError_t with_chunks(int chunks, F&& f) {
   return cudaErrorInvalidValue;
 }
 
+// Launches a row kernel: VEC is a full 16-byte vector of T when `vectorised`, else
+// 1; the launch shape and CHUNKS follow from rows and width (row_launch). Calls
+// launch(vec_c, chunks_c, l) with VEC and CHUNKS as std::integral_constant, then
+// returns the launch's error.
+template <typename T, typename Launch>
+cudaError_t launch_row_kernel(bool vectorised, int64_t rows, int64_t width, Launch&& launch) {
+  auto run = [&](auto vec_c) -> cudaError_t {
+    constexpr int VEC = decltype(vec_c)::value;
+    const RowLaunch l = row_launch(rows, width, VEC);
+    return with_chunks<VEC>(l.chunks, [&](auto chunks_c) -> cudaError_t {
+      launch(vec_c, chunks_c, l);
+      return cudaGetLastError();
+    });
+  };
+  if (vectorised) return run(std::integral_constant<int, Vec16<T>::kElems>{});
+  return run(std::integral_constant<int, 1>{});
+}
+
 template <typename T>
 cudaError_t embed_layernorm_typed(void* out, const int64_t* input_ids, const int64_t* position_ids,
                                   const int64_t* token_type_ids, const void* word, const void* pos,
@@ -246,21 +255,16 @@ cudaError_t embed_layernorm_typed(void* out, const int64_t* input_ids, const int
   const bool vectorised = width % kVec == 0 && is_aligned16(out) && is_aligned16(word) &&
                           is_aligned16(pos) && (types == nullptr || is_aligned16(types)) &&
                           is_aligned16(weight) && is_aligned16(bias);
-  auto run = [&](auto vec_c) -> cudaError_t {
-    constexpr int VEC = decltype(vec_c)::value;
-    const RowLaunch l = row_launch(rows, width, VEC);
-    return with_chunks<VEC>(l.chunks, [&](auto chunks_c) -> cudaError_t {
-      constexpr int CHUNKS = decltype(chunks_c)::value;
-      embed_layernorm_kernel<T, VEC, CHUNKS><<<l.grid, l.block, 0, stream>>>(
-          static_cast<T*>(out), input_ids, position_ids, token_type_ids,
-          static_cast<const T*>(word), static_cast<const T*>(pos), static_cast<const T*>(types),
-          static_cast<const T*>(weight), static_cast<const T*>(bias), rows, static_cast<int>(width),
-          vocab, max_positions, type_vocab, eps);
-      return cudaGetLastError();
-    });
-  };
-  if (vectorised) return run(std::integral_constant<int, kVec>{});
-  return run(std::integral_constant<int, 1>{});
+  return launch_row_kernel<T>(
+      vectorised, rows, width, [&](auto vec_c, auto chunks_c, const RowLaunch& l) {
+        constexpr int VEC = decltype(vec_c)::value;
+        constexpr int CHUNKS = decltype(chunks_c)::value;
+        embed_layernorm_kernel<T, VEC, CHUNKS><<<l.grid, l.block, 0, stream>>>(
+            static_cast<T*>(out), input_ids, position_ids, token_type_ids,
+            static_cast<const T*>(word), static_cast<const T*>(pos), static_cast<const T*>(types),
+            static_cast<const T*>(weight), static_cast<const T*>(bias), rows,
+            static_cast<int>(width), vocab, max_positions, type_vocab, eps);
+      });
 }
 
 template <typename T>
@@ -271,20 +275,15 @@ cudaError_t add_layernorm_typed(void* out, const void* x, const void* residual, 
   const bool vectorised = width % kVec == 0 && is_aligned16(out) && is_aligned16(x) &&
                           is_aligned16(residual) && (bias == nullptr || is_aligned16(bias)) &&
                           is_aligned16(weight) && is_aligned16(ln_bias);
-  auto run = [&](auto vec_c) -> cudaError_t {
-    constexpr int VEC = decltype(vec_c)::value;
-    const RowLaunch l = row_launch(rows, width, VEC);
-    return with_chunks<VEC>(l.chunks, [&](auto chunks_c) -> cudaError_t {
-      constexpr int CHUNKS = decltype(chunks_c)::value;
-      add_layernorm_kernel<T, VEC, CHUNKS><<<l.grid, l.block, 0, stream>>>(
-          static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(residual),
-          static_cast<const T*>(bias), static_cast<const T*>(weight),
-          static_cast<const T*>(ln_bias), rows, static_cast<int>(width), eps);
-      return cudaGetLastError();
-    });
-  };
-  if (vectorised) return run(std::integral_constant<int, kVec>{});
-  return run(std::integral_constant<int, 1>{});
+  return launch_row_kernel<T>(
+      vectorised, rows, width, [&](auto vec_c, auto chunks_c, const RowLaunch& l) {
+        constexpr int VEC = decltype(vec_c)::value;
+        constexpr int CHUNKS = decltype(chunks_c)::value;
+        add_layernorm_kernel<T, VEC, CHUNKS><<<l.grid, l.block, 0, stream>>>(
+            static_cast<T*>(out), static_cast<const T*>(x), static_cast<const T*>(residual),
+            static_cast<const T*>(bias), static_cast<const T*>(weight),
+            static_cast<const T*>(ln_bias), rows, static_cast<int>(width), eps);
+      });
 }
 
 bool layernorm_shape_ok(int64_t rows, int64_t width) {

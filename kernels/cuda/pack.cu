@@ -20,37 +20,24 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kWarpsPerBlock = kThreads / 32;
 
-template <typename U>
-__global__ void pack_rows_kernel(U* __restrict__ out, const U* __restrict__ x,
+// PACK:   out[t] = x[indices[t]], a zero row where indices[t] is outside [0, bound_rows).
+// UNPACK: out[indices[t]] = x[t], skipped where indices[t] is outside [0, bound_rows).
+template <bool PACK, typename U>
+__global__ void move_rows_kernel(U* __restrict__ out, const U* __restrict__ x,
                                  const int64_t* __restrict__ indices, int64_t num_indices,
-                                 int64_t num_src_rows, int64_t row_units) {
+                                 int64_t bound_rows, int64_t row_units) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
        t < num_indices; t += warps) {
-    const int64_t src = indices[t];
-    U* dst_row = out + t * row_units;
-    if (src < 0 || src >= num_src_rows) {
-      for (int64_t k = lane; k < row_units; k += 32) dst_row[k] = U{};
+    const int64_t index = indices[t];
+    if (index < 0 || index >= bound_rows) {
+      if (PACK)
+        for (int64_t k = lane; k < row_units; k += 32) out[t * row_units + k] = U{};
       continue;
     }
-    const U* src_row = x + src * row_units;
-    for (int64_t k = lane; k < row_units; k += 32) dst_row[k] = src_row[k];
-  }
-}
-
-template <typename U>
-__global__ void unpack_rows_kernel(U* __restrict__ out, const U* __restrict__ x,
-                                   const int64_t* __restrict__ indices, int64_t num_indices,
-                                   int64_t num_out_rows, int64_t row_units) {
-  const int lane = threadIdx.x & 31;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-       t < num_indices; t += warps) {
-    const int64_t dst = indices[t];
-    if (dst < 0 || dst >= num_out_rows) continue;
-    U* dst_row = out + dst * row_units;
-    const U* src_row = x + t * row_units;
+    U* dst_row = out + (PACK ? t : index) * row_units;
+    const U* src_row = x + (PACK ? index : t) * row_units;
     for (int64_t k = lane; k < row_units; k += 32) dst_row[k] = src_row[k];
   }
 }
@@ -75,15 +62,8 @@ template <bool PACK, typename U>
 cudaError_t launch_rows(void* out, const void* x, const int64_t* indices, int64_t num_indices,
                         int64_t bound_rows, int64_t row_bytes, cudaStream_t stream) {
   const int64_t row_units = row_bytes / static_cast<int64_t>(sizeof(U));
-  if (PACK) {
-    pack_rows_kernel<U><<<grid_for(num_indices), kThreads, 0, stream>>>(
-        static_cast<U*>(out), static_cast<const U*>(x), indices, num_indices, bound_rows,
-        row_units);
-  } else {
-    unpack_rows_kernel<U><<<grid_for(num_indices), kThreads, 0, stream>>>(
-        static_cast<U*>(out), static_cast<const U*>(x), indices, num_indices, bound_rows,
-        row_units);
-  }
+  move_rows_kernel<PACK, U><<<grid_for(num_indices), kThreads, 0, stream>>>(
+      static_cast<U*>(out), static_cast<const U*>(x), indices, num_indices, bound_rows, row_units);
   return cudaGetLastError();
 }
 

@@ -98,3 +98,25 @@ def cast_out(y, DTYPE: tl.constexpr):
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
         y = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
     return y.to(DTYPE)
+
+
+@triton.jit
+def row_tile(n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The tile of program ``(i, j)`` over an ``[n_rows, n_cols]`` array: its rows
+    (int64) and columns (``j`` is 0 on a one-axis grid), their in-range masks and the
+    tile's mask, as ``(rows, cols, is_row, is_col, mask)``."""
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    is_row = rows < n_rows
+    is_col = cols < n_cols
+    return rows, cols, is_row, is_col, is_row[:, None] & is_col[None, :]
+
+
+@triton.jit
+def store_rows(out_ptr, rows, cols, out_row_stride, y, mask):
+    """Stores the fp32 tile ``y`` at ``out[rows, cols]`` in the output's dtype."""
+    tl.store(
+        out_ptr + rows[:, None] * out_row_stride + cols[None, :],
+        cast_out(y, out_ptr.dtype.element_ty),
+        mask=mask,
+    )

@@ -11,11 +11,12 @@ import triton.language as tl
 from ._common import (
     ACTIVATION_CODES,
     apply_activation,
-    cast_out,
     elementwise_warps,
     is_interpret,
     next_pow2,
+    row_tile,
     rows_of,
+    store_rows,
 )
 
 
@@ -37,21 +38,14 @@ def _bias_act_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    is_col = cols < n_cols
-    mask = (rows < n_rows)[:, None] & is_col[None, :]
+    rows, cols, _, is_col, mask = row_tile(n_rows, n_cols, BLOCK_M, BLOCK_N)
     x = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0).to(
         tl.float32
     )
     if HAS_BIAS:
         x += tl.load(bias_ptr + cols, mask=is_col, other=0.0).to(tl.float32)[None, :]
     y = apply_activation(x, ACTIVATION)
-    tl.store(
-        out_ptr + rows[:, None] * out_row_stride + cols[None, :],
-        cast_out(y, out_ptr.dtype.element_ty),
-        mask=mask,
-    )
+    store_rows(out_ptr, rows, cols, out_row_stride, y, mask)
 
 
 def launch_bias_act(x2: torch.Tensor, bias, activation: str, out2: torch.Tensor):

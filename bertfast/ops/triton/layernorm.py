@@ -15,7 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import cast_out, elementwise_warps, is_interpret, next_pow2, rows_of
+from ._common import (
+    elementwise_warps,
+    is_interpret,
+    next_pow2,
+    row_tile,
+    rows_of,
+    store_rows,
+)
 
 
 @triton.jit
@@ -52,11 +59,7 @@ def _add_layernorm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_H)
-    is_row = rows < n_rows
-    is_col = cols < n_cols
-    mask = is_row[:, None] & is_col[None, :]
+    rows, cols, _, is_col, mask = row_tile(n_rows, n_cols, BLOCK_M, BLOCK_H)
     h = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0.0).to(
         tl.float32
     )
@@ -67,11 +70,7 @@ def _add_layernorm_kernel(
     ).to(tl.float32)
     h = tl.where(mask, h, 0.0)
     y = _normalize_rows(h, is_col, n_cols, eps, weight_ptr, ln_bias_ptr, cols)
-    tl.store(
-        out_ptr + rows[:, None] * out_row_stride + cols[None, :],
-        cast_out(y, out_ptr.dtype.element_ty),
-        mask=mask,
-    )
+    store_rows(out_ptr, rows, cols, out_row_stride, y, mask)
 
 
 # out[t, :] = LayerNorm(word[input_ids[t]] + type[token_type_ids[t]] + pos[position_ids[t]])
@@ -106,11 +105,7 @@ def _embed_layernorm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_H)
-    is_row = rows < n_tokens
-    is_col = cols < n_cols
-    mask = is_row[:, None] & is_col[None, :]
+    rows, cols, is_row, is_col, mask = row_tile(n_tokens, n_cols, BLOCK_M, BLOCK_H)
 
     word_id = tl.load(input_ids_ptr + rows, mask=is_row, other=0).to(tl.int64)
     pos_id = tl.load(position_ids_ptr + rows, mask=is_row, other=0).to(tl.int64)
@@ -133,11 +128,7 @@ def _embed_layernorm_kernel(
     ).to(tl.float32)
     y = _normalize_rows(h, is_col, n_cols, eps, weight_ptr, ln_bias_ptr, cols)
     y = tl.where(is_bad[:, None], float("nan"), y)
-    tl.store(
-        out_ptr + rows[:, None] * out_row_stride + cols[None, :],
-        cast_out(y, out_ptr.dtype.element_ty),
-        mask=mask,
-    )
+    store_rows(out_ptr, rows, cols, out_row_stride, y, mask)
 
 
 # ---------------------------------------------------------------- launchers
@@ -230,29 +221,6 @@ def launch_embed_layernorm(
 
 
 # ---------------------------------------------------------------- registered ops
-def embed_layernorm(
-    input_ids,
-    position_ids,
-    token_type_ids,
-    word_embeddings,
-    position_embeddings,
-    token_type_embeddings,
-    weight,
-    bias,
-    eps,
-):
-    return launch_embed_layernorm(
-        input_ids,
-        position_ids,
-        token_type_ids,
-        word_embeddings,
-        position_embeddings,
-        token_type_embeddings,
-        weight,
-        bias,
-        eps,
-    )
-
-
-def add_layernorm(x, residual, bias, weight, ln_bias, eps):
-    return launch_add_layernorm(x, residual, bias, weight, ln_bias, eps)
+# The launchers take the ops' arguments as they are.
+embed_layernorm = launch_embed_layernorm
+add_layernorm = launch_add_layernorm

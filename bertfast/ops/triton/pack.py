@@ -18,7 +18,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import elementwise_warps, is_interpret, next_pow2
+from ._common import elementwise_warps, is_interpret, next_pow2, row_tile
+
+
+@triton.jit
+def _indexed_tile(
+    indices_ptr, n_rows, n_indexed_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """The program's tile of an ``[n_rows, n_cols]`` array (``rows``, ``cols``, ``mask``)
+    with the index of each row: ``indices[rows]`` where it lies in ``[0, n_indexed_rows)``
+    (``is_valid``), else 0, so it can be dereferenced whatever the caller passed."""
+    rows, cols, is_row, _, mask = row_tile(n_rows, n_cols, BLOCK_M, BLOCK_N)
+    index = tl.load(indices_ptr + rows, mask=is_row, other=0).to(tl.int64)
+    is_valid = (index >= 0) & (index < n_indexed_rows)
+    return rows, cols, mask, tl.where(is_valid, index, 0), is_valid
 
 
 # out[t, :] = x[indices[t], :]
@@ -40,13 +53,9 @@ def _gather_rows_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    is_row = rows < n_rows
-    mask = is_row[:, None] & (cols < n_cols)[None, :]
-    src = tl.load(indices_ptr + rows, mask=is_row, other=0).to(tl.int64)
-    is_valid = (src >= 0) & (src < n_src_rows)
-    src = tl.where(is_valid, src, 0)
+    rows, cols, mask, src, is_valid = _indexed_tile(
+        indices_ptr, n_rows, n_src_rows, n_cols, BLOCK_M, BLOCK_N
+    )
     vals = tl.load(
         x_ptr + src[:, None] * x_row_stride + cols[None, :], mask=mask & is_valid[:, None], other=0
     )
@@ -76,13 +85,9 @@ def _scatter_rows_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    is_row = rows < n_rows
-    mask = is_row[:, None] & (cols < n_cols)[None, :]
-    dst = tl.load(indices_ptr + rows, mask=is_row, other=0).to(tl.int64)
-    is_valid = (dst >= 0) & (dst < n_dst_rows)
-    dst = tl.where(is_valid, dst, 0)
+    rows, cols, mask, dst, is_valid = _indexed_tile(
+        indices_ptr, n_rows, n_dst_rows, n_cols, BLOCK_M, BLOCK_N
+    )
     vals = tl.load(x_ptr + rows[:, None] * x_row_stride + cols[None, :], mask=mask, other=0)
     tl.store(
         out_ptr + dst[:, None] * out_row_stride + cols[None, :], vals, mask=mask & is_valid[:, None]
