@@ -165,9 +165,10 @@ def cmd_info(args) -> int:
     import torch
 
     from . import __version__
-    from .info import backends, build_info
+    from .info import backends, build_info, cpu_info
 
     build = build_info()
+    cpu = cpu_info()
     status = backends()
     versions = {
         "bertfast": __version__,
@@ -184,7 +185,13 @@ def cmd_info(args) -> int:
     if args.json:
         print(
             json.dumps(
-                {"versions": versions, "build": build, "torch_cuda": cuda, "backends": status},
+                {
+                    "versions": versions,
+                    "cpu": cpu,
+                    "build": build,
+                    "torch_cuda": cuda,
+                    "backends": status,
+                },
                 indent=2,
                 default=str,
             )
@@ -196,6 +203,11 @@ def cmd_info(args) -> int:
         f"torch {versions['torch']}, triton {versions['triton'] or 'not installed'}, "
         f"transformers {versions['transformers'] or 'not installed'})"
     )
+    print(
+        f"CPU            : {cpu['model'] or 'unknown'}, {cpu['logical_cpus']} logical CPUs, "
+        f"torch threads {torch.get_num_threads()}"
+    )
+    print(f"  SIMD flags   : {' '.join(cpu['flags'] or []) or 'unknown'}")
     print("native build (bertfast._C):")
     if not build.get("native"):
         print(f"  not available: {build.get('error')}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .ops.dispatch import backend_status
@@ -28,3 +30,28 @@ def backends() -> dict[str, dict[str, str | None]]:
     else:
         out["cuda"] = {name: "no CUDA device visible to torch" for name in out["cpu"]}
     return out
+
+
+#: The /proc/cpuinfo flags that decide which kernels a runtime can use.
+_SIMD_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "vnni")
+
+
+def cpu_info() -> dict:
+    """The CPU model, its SIMD-relevant flags (AVX*, AMX*, FMA, F16C, SSE4*, VNNI) and
+    logical CPU count, from ``/proc/cpuinfo`` (``model``/``flags`` None where it cannot
+    be read): recorded with every result, since ratios move between machines."""
+    model, flags = None, None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and model is None:
+                    model = value.strip()
+                elif key == "flags" and flags is None:
+                    flags = sorted(fl for fl in value.split() if fl.startswith(_SIMD_PREFIXES))
+                if model is not None and flags is not None:
+                    break
+    except OSError:
+        pass
+    return {"model": model, "flags": flags, "logical_cpus": os.cpu_count()}

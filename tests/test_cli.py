@@ -7,6 +7,7 @@ package (with its native build), not the source tree of the current directory.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -64,6 +65,15 @@ def test_info(tmp_path):
     assert data["backends"]["cpu"]["torch"] is None
     assert set(data["backends"]) == {"cpu", "cuda"}
     assert "torch" in data["versions"]
+    # The machine is named (ratios move between machines): the CPU as /proc/cpuinfo has it.
+    assert data["cpu"]["logical_cpus"] == os.cpu_count()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        model = None
+    if model:
+        assert data["cpu"]["model"] == model and f"CPU            : {model}" in out
 
 
 def test_encode_matches_embedder(tmp_path):

@@ -4,13 +4,14 @@ machine's GEMM ceiling, and a short name for the machine."""
 from __future__ import annotations
 
 import gc
-import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from ..info import cpu_info
 
 __all__ = [
     "Stats",
@@ -185,28 +186,3 @@ def device_name(device="cpu") -> str:
     while "--" in slug:
         slug = slug.replace("--", "-")
     return slug.strip("-")
-
-
-#: The /proc/cpuinfo flags that decide which kernels a runtime can use.
-_SIMD_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "vnni")
-
-
-def cpu_info() -> dict:
-    """The CPU model, its SIMD-relevant flags (AVX*, AMX*, FMA, F16C, SSE4*, VNNI) and
-    logical CPU count, from ``/proc/cpuinfo`` (``model``/``flags`` None where it cannot
-    be read): recorded with every result, since ratios move between machines."""
-    model, flags = None, None
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and model is None:
-                    model = value.strip()
-                elif key == "flags" and flags is None:
-                    flags = sorted(fl for fl in value.split() if fl.startswith(_SIMD_PREFIXES))
-                if model is not None and flags is not None:
-                    break
-    except OSError:
-        pass
-    return {"model": model, "flags": flags, "logical_cpus": os.cpu_count()}
