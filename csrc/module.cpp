@@ -77,6 +77,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("constants", &constants,
         "dtype and activation codes, CUDA head dims and size limits (csrc/constants.h)");
   bertfast::register_cpu_ops(m);
+  bertfast::register_cpu_int8_ops(m);
 #ifdef BERTFAST_WITH_CUDA
   bertfast::register_cuda_ops(m);
 #endif

@@ -6,6 +6,7 @@
 
 namespace bertfast {
 void register_cpu_ops(pybind11::module_& m);
+void register_cpu_int8_ops(pybind11::module_& m);  // after register_cpu_ops
 #ifdef BERTFAST_WITH_CUDA
 void register_cuda_ops(pybind11::module_& m);
 #endif

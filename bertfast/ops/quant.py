@@ -1,0 +1,241 @@
+"""int8 linear layers on CPU (``quantize="int8"``): weights, routing, checks.
+
+Weights: int8 with one symmetric scale per output channel, ``scale[n] =
+max_k |w[n, k]| / 127``, ``q = round(w / scale)`` in [-127, 127], quantized once
+when a model is loaded and held only as a :class:`QuantizedWeight` (the C++
+kernel's packed panels, column sums and scales; read-only, like
+``cpu_weights.PackedWeight``). Activations: quantized per row (token) at every
+call to uint8 with a scale and zero point, int32 dot products (AVX512-VNNI
+``vpdpbusd``, or an exact AVX2 fallback), then bias and activation in fp32
+(``kernels/cpu/qgemm.h`` has the formulas). ``BERTFAST_CPU_INT8_ISA=auto|vnni|avx2``
+picks the micro-kernel.
+
+What a model quantizes: the encoder layers' four linear layers (QKV, attention
+output, FFN in, FFN out), nearly all of its multiply-adds. The embedding tables,
+the ALBERT/ELECTRA embedding projection, the pooler and the task heads stay fp32
+(small, run on few rows, and closest to the output), as do attention, LayerNorm,
+bias, GELU and residuals.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils._pytree import tree_map
+
+from . import cpu_weights as _cpu_weights
+
+try:
+    from .. import _C as _native
+
+    _kernels = _native.cpu
+except (ImportError, AttributeError):  # pragma: no cover - only without a build
+    _kernels = None
+
+#: Values of the ``quantize`` argument (None: no quantization).
+QUANTIZE_CHOICES = (None, "int8")
+
+__all__ = [
+    "QUANTIZE_CHOICES",
+    "QuantizedWeight",
+    "check_quantize",
+    "is_quantized",
+    "linear",
+    "quantize_weight",
+    "unsupported_reason",
+]
+
+
+def check_quantize(quantize) -> str | None:
+    """``quantize`` itself: None or "int8" (ValueError listing the choices)."""
+    if quantize is None or (isinstance(quantize, str) and quantize == "int8"):
+        return quantize
+    raise ValueError(f"quantize must be one of None, 'int8', got {quantize!r}")
+
+
+def unsupported_reason(device, dtype: torch.dtype, backend: str = "auto") -> str | None:
+    """Why an int8 model cannot run on ``device`` / ``dtype`` / ``backend``, or None.
+
+    The int8 kernels are C++ CPU kernels (kernels/cpu/qgemm.cpp) behind the ``cpu``
+    backend, with fp32 activations around them."""
+    device = torch.device(device)
+    if device.type != "cpu":
+        return (
+            f"quantize='int8' runs on CPU only (the int8 kernels are C++ CPU kernels); "
+            f"the model is on {device}"
+        )
+    if dtype != torch.float32:
+        return (
+            f"quantize='int8' needs dtype=torch.float32 (fp32 activations around int8 "
+            f"weights), got {dtype}"
+        )
+    if _kernels is None or not hasattr(_kernels, "qlinear"):
+        return "quantize='int8' needs bertfast's compiled CPU kernels (bertfast._C), not built"
+    from . import cpu
+    from .dispatch import _requested
+
+    name = _requested(backend)
+    if name not in ("auto", "cpu"):
+        return (
+            f"quantize='int8' runs on the 'cpu' backend (C++ int8 kernels); backend "
+            f"{name!r} has no int8 kernels"
+        )
+    if cpu.IMPORT_ERROR is not None:
+        return f"quantize='int8' needs the 'cpu' backend, which is unavailable: {cpu.IMPORT_ERROR}"
+    return None
+
+
+def check_supported(device, dtype: torch.dtype, backend: str = "auto") -> None:
+    reason = unsupported_reason(device, dtype, backend)
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def quantize_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """``(q, scale)``: int8 ``[N, K]`` and fp32 ``[N]`` with ``weight ~ q * scale[:, None]``.
+
+    Symmetric per output channel (row); an all-zero row gets scale 1; a row holding
+    NaN or inf gets scale NaN (q 0), so its outputs are NaN as in fp32."""
+    w = weight.detach().to(torch.float32)
+    if w.dim() != 2:
+        raise ValueError(
+            f"quantize_weight takes a 2-D [out, in] weight, got shape {tuple(w.shape)}"
+        )
+    finite = torch.isfinite(w).all(dim=1)
+    amax = w.abs().nan_to_num(0.0, 0.0, 0.0).amax(dim=1) if w.shape[1] else w.new_zeros(len(w))
+    scale = amax / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127)
+    q = torch.where(finite[:, None], q, torch.zeros_like(q)).to(torch.int8)
+    scale = torch.where(finite, scale, torch.full_like(scale, float("nan")))
+    return q, scale
+
+
+_READ_ONLY = (
+    "bertfast: this weight is quantized to int8 and owned by the model (read-only); "
+    "load the model again without quantize= to edit weights"
+)
+
+
+class QuantizedWeight(Tensor):
+    """A read-only ``[N, K]`` linear weight held as int8 (packed for the C++ kernel)
+    with fp32 per-output-channel scales.
+
+    ``quant.linear`` (what the ``cpu`` backend's linear ops route it to) runs the int8
+    kernel; any other torch op sees the dequantized fp32 values ``q * scale``
+    (:meth:`dense`). Writes into it or into a view of it raise ``RuntimeError``."""
+
+    _packed: Tensor
+    _colsum: Tensor
+    _scale: Tensor
+
+    @staticmethod
+    def __new__(cls, packed: Tensor, colsum: Tensor, scale: Tensor, shape):
+        out = Tensor._make_wrapper_subclass(
+            cls, tuple(shape), dtype=torch.float32, device=packed.device, requires_grad=False
+        )
+        out._packed = packed
+        out._colsum = colsum
+        out._scale = scale
+        return out
+
+    def __init__(self, packed, colsum, scale, shape):  # state is set in __new__
+        super().__init__()
+
+    @classmethod
+    def of(cls, weight: Tensor) -> QuantizedWeight:
+        """Quantize an fp32 ``[N, K]`` weight (``weight`` itself is not modified)."""
+        if _kernels is None:
+            raise RuntimeError("bertfast: int8 weights need bertfast's compiled CPU kernels")
+        if isinstance(weight, QuantizedWeight):
+            return weight
+        if isinstance(weight, _cpu_weights.PackedWeight):
+            weight = weight.dense()
+        q, scale = quantize_weight(weight)
+        packed, colsum = _kernels.qgemm_pack(q.contiguous())
+        return cls(packed, colsum, scale.contiguous(), weight.shape)
+
+    def int8(self) -> Tensor:
+        """The int8 values ``q`` as a new ``[N, K]`` tensor."""
+        N, K = self.shape
+        P, K4, NR, four = self._packed.shape
+        full = self._packed.permute(0, 2, 1, 3).reshape(P * NR, K4 * four)
+        return full[:N, :K].clone()
+
+    def scale(self) -> Tensor:
+        """The per-output-channel scales, a new fp32 ``[N]`` tensor."""
+        return self._scale.clone()
+
+    def dense(self) -> Tensor:
+        """The dequantized weight ``q * scale[:, None]``, a new plain fp32 tensor."""
+        return self.int8().to(torch.float32) * self._scale[:, None]
+
+    @property
+    def packed_nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self._packed, self._colsum, self._scale))
+
+    def __repr__(self, *, tensor_contents=None):
+        return f"QuantizedWeight(shape={tuple(self.shape)}, int8, per-channel scales)"
+
+    def __deepcopy__(self, memo):
+        return QuantizedWeight(
+            self._packed.clone(), self._colsum.clone(), self._scale.clone(), self.shape
+        )
+
+    def __reduce_ex__(self, proto):  # pickles / saves as the dequantized weight
+        return self.dense().__reduce_ex__(proto)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = func._schema
+        if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+            raise RuntimeError(_READ_ONLY)
+        if func in _SAME_WEIGHT and isinstance(args[0], QuantizedWeight):
+            w = args[0]  # w.detach(), w.data, nn.Parameter(w): the same weight
+            return QuantizedWeight(w._packed, w._colsum, w._scale, w.shape)
+
+        def unwrap(t):
+            if isinstance(t, QuantizedWeight):
+                return t.dense()
+            if isinstance(t, _cpu_weights._ReadOnlyView):
+                return t._dense
+            return t
+
+        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+        if any(r.alias_info is not None for r in schema.returns):
+            # views read the values but must not take writes landing in a temporary
+            return tree_map(
+                lambda t: _cpu_weights._ReadOnlyView(t) if isinstance(t, Tensor) else t, out
+            )
+        return out
+
+
+_SAME_WEIGHT = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+
+
+def is_quantized(t) -> bool:
+    return isinstance(t, QuantizedWeight)
+
+
+def linear(x: Tensor, weight: QuantizedWeight, bias: Tensor | None = None, act=None) -> Tensor:
+    """``act(x @ W.T + bias)`` with W int8 and x quantized per row (fp32 in and out)."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"bertfast int8 linear: x must be float32, got {x.dtype}")
+    b = None if bias is None else bias.detach().to(torch.float32).contiguous()
+    return _kernels.qlinear(
+        x.contiguous(), weight._packed, weight._colsum, weight._scale, b, act, None
+    )
+
+
+def check_apply(fn) -> None:
+    """``nn.Module._apply`` on an int8 model: a move or a cast (``.to(...)``,
+    ``.half()``, ``.cuda()``) raises ValueError; ``.cpu()`` / ``.float()`` /
+    ``.to("cpu")`` leave it as it is."""
+    probe = fn(torch.zeros(1, dtype=torch.float32))
+    if probe.device.type != "cpu" or probe.dtype != torch.float32:
+        raise ValueError(
+            f"an int8 model (quantize='int8') runs on CPU in float32 only; it cannot be "
+            f"moved or cast to {probe.device} / {probe.dtype}: load it again without "
+            f"quantize= (or with the device and dtype you want)"
+        )

@@ -1,0 +1,218 @@
+// bertfast._C.cpu int8 entry points (kernels/cpu/qgemm.cpp; formulas in qgemm.h):
+// quantize_rows, qgemm_pack, qgemm_s32 (raw int32 accumulators, for tests),
+// qlinear (quantize + int8 GEMM + fp32 epilogue, what a quantized model runs) and
+// int8_isa. Same discipline as csrc/cpu_ops.cpp: every tensor and size checked
+// (csrc/binding.h), ValueError / TypeError naming the op and the argument.
+//
+// isa: "auto" (VNNI when the CPU has AVX512-VNNI, else AVX2), "vnni", "avx2"; None
+// reads BERTFAST_CPU_INT8_ISA (default auto) at every call.
+#include <ATen/Parallel.h>
+#include <ATen/ops/zeros.h>
+
+#include <cstdlib>
+#include <tuple>
+
+#include "binding.h"
+#include "registry.h"
+
+#include "cpu/qgemm.h"
+
+namespace bertfast {
+namespace {
+
+using namespace binding;
+
+Op int8_op(const char* name) { return Op("cpu", name, c10::DeviceType::CPU); }
+
+int threads() { return std::max(1, at::get_num_threads()); }
+
+// The micro-kernel to run for `isa` (see the file comment).
+int resolve_isa(const Op& op, const std::optional<std::string>& isa) {
+  std::string name;
+  const char* source = "isa";
+  if (isa) {
+    name = *isa;
+  } else {
+    const char* env = std::getenv("BERTFAST_CPU_INT8_ISA");
+    name = env ? env : "";
+    source = "BERTFAST_CPU_INT8_ISA";
+  }
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (name.empty() || name == "auto") {
+    if (cpu::qgemm_cpu_has_vnni()) return cpu::kQIsaVnni;
+    name = "avx2";
+  }
+  if (name == "vnni") {
+    if (!cpu::qgemm_cpu_has_vnni())
+      op.value_error(std::string(source) +
+                     "=vnni but this CPU has no AVX512-VNNI (use auto or avx2)");
+    return cpu::kQIsaVnni;
+  }
+  if (name == "avx2") {
+#if defined(__x86_64__)
+    if (!cpu::qgemm_cpu_has_avx2())
+      op.value_error(std::string(source) + "=avx2 but this CPU has no AVX2/FMA");
+#endif
+    return cpu::kQIsaAvx2;
+  }
+  op.value_error(std::string(source) + "='" + name + "' is not one of auto, vnni, avx2");
+}
+
+void check_k(const Op& op, int64_t K) {
+  if (K > cpu::kQMaxK)
+    op.value_error("the reduction size K=" + std::to_string(K) + " is above " +
+                   std::to_string(cpu::kQMaxK) + " (int32 accumulators would overflow)");
+}
+
+// Rows of a [..., K] tensor.
+int64_t rows_of(const Tensor& x, int64_t K) {
+  int64_t M = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
+  (void)K;
+  return M;
+}
+
+std::string isa_name(const std::optional<std::string>& isa) {
+  Op op = int8_op("int8_isa");
+  return resolve_isa(op, isa) == cpu::kQIsaVnni ? "vnni" : "avx2";
+}
+
+std::tuple<Tensor, Tensor, Tensor> quantize_rows(const Tensor& x) {
+  Op op = int8_op("quantize_rows");
+  op.tensor(x, "x", at::kFloat);
+  op.min_dims(x, "x", 1);
+  const int64_t K = x.size(-1);
+  const int64_t M = rows_of(x, K);
+  std::vector<int64_t> rows_shape(x.sizes().begin(), x.sizes().end() - 1);
+  Tensor q = at::empty(x.sizes(), x.options().dtype(at::kByte));
+  Tensor scale = at::empty(rows_shape, x.options());
+  Tensor zp = at::empty(rows_shape, x.options().dtype(at::kInt));
+  if (M == 0) return {q, scale, zp};
+  cpu::quantize_rows(q.data_ptr<uint8_t>(), scale.data_ptr<float>(), zp.data_ptr<int32_t>(),
+                     x.const_data_ptr<float>(), M, K, K, threads());
+  return {q, scale, zp};
+}
+
+int64_t panels_for(int64_t N) { return (N + cpu::kQPanel - 1) / cpu::kQPanel; }
+
+std::tuple<Tensor, Tensor> qgemm_pack(const Tensor& weight) {
+  Op op = int8_op("qgemm_pack");
+  op.tensor(weight, "weight", at::kChar);
+  op.dims(weight, "weight", 2);
+  const int64_t N = weight.size(0), K = weight.size(1);
+  check_k(op, K);
+  const int64_t P = panels_for(N), K4 = cpu::qgemm_padded_k(K) / 4;
+  Tensor packed = at::empty({P, K4, cpu::kQPanel, 4}, weight.options());
+  Tensor colsum = at::empty({P * cpu::kQPanel}, weight.options().dtype(at::kInt));
+  if (P == 0) return {packed, colsum};
+  cpu::qgemm_pack(packed.data_ptr<int8_t>(), colsum.data_ptr<int32_t>(),
+                  weight.const_data_ptr<int8_t>(), N, K, threads());
+  return {packed, colsum};
+}
+
+// packed must be qgemm_pack's [ceil(N / 64), ceil(K / 4), 64, 4] for these N, K.
+void check_packed(Op& op, const Tensor& packed, int64_t N, int64_t K) {
+  op.tensor(packed, "packed", at::kChar);
+  op.dims(packed, "packed", 4);
+  op.size(packed, "packed", 0, panels_for(N), "64-column panels for out_features");
+  op.size(packed, "packed", 1, cpu::qgemm_padded_k(K) / 4, "x's last dimension / 4, rounded up");
+  op.size(packed, "packed", 2, cpu::kQPanel, "panel width");
+  op.size(packed, "packed", 3, 4, "bytes per 4-k group");
+}
+
+void check_out_features(const Op& op, int64_t N) {
+  if (N < 0) op.value_error("out_features must be >= 0, got " + std::to_string(N));
+}
+
+std::vector<int64_t> out_shape(const Tensor& x, int64_t N) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = N;
+  return shape;
+}
+
+Tensor qgemm_s32(const Tensor& q, const Tensor& packed, int64_t out_features,
+                 const std::optional<std::string>& isa) {
+  Op op = int8_op("qgemm_s32");
+  check_out_features(op, out_features);
+  op.tensor(q, "q", at::kByte);
+  op.dims(q, "q", 2);
+  const int64_t M = q.size(0), K = q.size(1), N = out_features;
+  check_k(op, K);
+  check_packed(op, packed, N, K);
+  const int code = resolve_isa(op, isa);
+  Tensor out = at::empty({M, N}, q.options().dtype(at::kInt));
+  if (out.numel() == 0) return out;
+  const int64_t Kp = cpu::qgemm_padded_k(K);
+  Tensor a = q;
+  if (Kp != K) {  // the kernel reads rows of Kp bytes: zero-padded copy
+    a = at::zeros({M, Kp}, q.options());
+    a.narrow(1, 0, K).copy_(q);
+  }
+  {
+    py::gil_scoped_release release;
+    cpu::qgemm_s32(out.data_ptr<int32_t>(), a.const_data_ptr<uint8_t>(), Kp,
+                   packed.const_data_ptr<int8_t>(), M, N, K, code, threads());
+  }
+  return out;
+}
+
+Tensor qlinear(const Tensor& x, const Tensor& packed, const Tensor& colsum, const Tensor& w_scale,
+               const OptTensor& bias, const std::optional<std::string>& activation,
+               const std::optional<std::string>& isa) {
+  Op op = int8_op("qlinear");
+  op.tensor(x, "x", at::kFloat);
+  op.min_dims(x, "x", 1);
+  op.tensor(w_scale, "w_scale", at::kFloat);
+  op.dims(w_scale, "w_scale", 1);
+  const int64_t K = x.size(-1), M = rows_of(x, K), N = w_scale.size(0);
+  check_k(op, K);
+  check_packed(op, packed, N, K);
+  op.tensor(colsum, "colsum", at::kInt);
+  op.dims(colsum, "colsum", 1);
+  op.size(colsum, "colsum", 0, panels_for(N) * cpu::kQPanel, "64-column panels for out_features");
+  if (bias) {
+    op.tensor(*bias, "bias", at::kFloat);
+    op.dims(*bias, "bias", 1);
+    op.size(*bias, "bias", 0, N, "out_features (w_scale's size)");
+  }
+  const int act = op.activation(activation, /*allow_none=*/true);
+  const int code = resolve_isa(op, isa);
+  Tensor out = at::empty(out_shape(x, N), x.options());
+  if (out.numel() == 0) return out;
+  {
+    py::gil_scoped_release release;
+    cpu::qlinear(out.data_ptr<float>(), x.const_data_ptr<float>(), packed.const_data_ptr<int8_t>(),
+                 colsum.const_data_ptr<int32_t>(), w_scale.const_data_ptr<float>(),
+                 bias ? bias->const_data_ptr<float>() : nullptr, M, N, K, act, code, threads());
+  }
+  return out;
+}
+
+}  // namespace
+
+void register_cpu_int8_ops(pybind11::module_& m) {
+  using py::arg;
+  py::module_ cpu = m.attr("cpu").cast<py::module_>();
+  cpu.def("int8_isa", &isa_name,
+          "the int8 micro-kernel a call with this isa runs: 'vnni' or 'avx2' (None reads "
+          "BERTFAST_CPU_INT8_ISA; ValueError for a name this CPU cannot run)",
+          arg("isa") = py::none());
+  cpu.def("quantize_rows", &quantize_rows, release_gil(),
+          "per-row asymmetric uint8 quantization of fp32 x [..., K] -> (q uint8 [..., K], "
+          "scale float32 [...], zero_point int32 [...]); a row with NaN/inf gets scale NaN",
+          arg("x"));
+  cpu.def("qgemm_pack", &qgemm_pack, release_gil(),
+          "int8 weight [N, K] -> (packed [ceil(N/64), ceil(K/4), 64, 4] int8, column sums "
+          "[ceil(N/64)*64] int32)",
+          arg("weight"));
+  cpu.def("qgemm_s32", &qgemm_s32,
+          "raw int32 accumulators q [M, K] (uint8) @ W.T for W packed by qgemm_pack -> [M, N]",
+          arg("q"), arg("packed"), arg("out_features"), arg("isa") = py::none());
+  cpu.def("qlinear", &qlinear,
+          "act(dequant(quantize_rows(x) @ Wq.T) + bias) in fp32 for W packed by qgemm_pack, "
+          "w_scale [N] per output channel",
+          arg("x"), arg("packed"), arg("colsum"), arg("w_scale"), arg("bias"),
+          arg("activation") = py::none(), arg("isa") = py::none());
+}
+
+}  // namespace bertfast

@@ -1,0 +1,402 @@
+// int8 GEMM: uint8 activations (quantized per row at run time) x int8 weights
+// (per-output-channel scales), int32 accumulation, fp32 epilogue (zero-point term,
+// scales, bias, activation). Quantization formulas and the packed weight layout:
+// kernels/cpu/qgemm.h.
+//
+// Micro-kernels, chosen per call (the caller resolves BERTFAST_CPU_INT8_ISA):
+//   VNNI (AVX512-VNNI, vpdpbusd): MR = 6 rows x 64 columns (4 zmm accumulators per
+//     row); per 4 k's one 64-byte load per 16 columns and one broadcast of 4
+//     activation bytes per row.
+//   AVX2 (baseline, exact): the same packed weights, 8 columns at a time, widened
+//     to int16 (vpmovsxbw) and multiplied with vpmaddwd against the row's 4
+//     activation bytes widened to int16: every product and pair sum is exact in
+//     int32 (255 * 127 * 2 < 2^31); no vpmaddubsw, which saturates.
+// Both give the same int32 accumulators bit for bit (integer sums are exact).
+// Threads: OpenMP static split over (block of MB rows, 64-column panel) tiles, row
+// block major (the packed int8 weights of a BERT layer fit in L2/L3).
+#include "cpu/qgemm.h"
+
+#include <limits>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__AVX2__)
+#include <immintrin.h>
+#define BF_QGEMM_X86 1
+#endif
+
+#include "cpu/common.h"
+
+namespace bertfast {
+namespace cpu {
+namespace {
+
+constexpr int64_t MB = 48;              // rows per task (a multiple of both MRs)
+constexpr int kRawMode = -100;          // epilogue mode: write the raw int32 accumulators
+constexpr int64_t kStep = kQPanel * 4;  // bytes of one panel per 4 k's
+
+struct QArgs {
+  const uint8_t* a;
+  int64_t lda;
+  const int8_t* packed;
+  int64_t K4;  // padded K / 4
+  int64_t M, N;
+  int32_t* out32;  // raw mode
+  float* out;      // fp32 mode
+  const float* a_scale;
+  const int32_t* a_zp;
+  const int32_t* colsum;
+  const float* w_scale;
+  const float* bias;  // never null here
+};
+
+// Rows [i0, i0 + rows) x columns [n0, n0 + ncols) from tmp [rows][kQPanel].
+template <int MODE>
+BF_INLINE void epilogue(const QArgs& q, const int32_t* tmp, int rows, int64_t i0, int64_t n0,
+                        int64_t ncols) {
+  for (int r = 0; r < rows; ++r) {
+    const int32_t* t = tmp + r * kQPanel;
+    const int64_t m = i0 + r;
+    if constexpr (MODE == kRawMode) {
+      int32_t* o = q.out32 + m * q.N + n0;
+      for (int64_t j = 0; j < ncols; ++j) o[j] = t[j];
+    } else {
+      const float sx = q.a_scale[m];
+      const int32_t zp = q.a_zp[m];
+      const int32_t* cs = q.colsum + n0;
+      const float* ws = q.w_scale + n0;
+      const float* b = q.bias + n0;
+      float* o = q.out + m * q.N + n0;
+      for (int64_t j = 0; j < ncols; ++j) {
+        const float y = static_cast<float>(t[j] - zp * cs[j]) * (sx * ws[j]) + b[j];
+        o[j] = MODE == kGeluErf    ? gelu_erf(y)
+               : MODE == kGeluTanh ? gelu_tanh(y)
+               : MODE == kRelu     ? relu(y)
+                                   : y;
+      }
+    }
+  }
+}
+
+BF_INLINE void tile_bounds(const QArgs& q, int64_t mb, int64_t p, int64_t& n0, int64_t& ncols,
+                           int64_t& m_end) {
+  n0 = p * kQPanel;
+  ncols = q.N - n0 < kQPanel ? q.N - n0 : kQPanel;
+  m_end = (mb + 1) * MB < q.M ? (mb + 1) * MB : q.M;
+}
+
+#ifdef BF_QGEMM_X86
+template <int MODE>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+__attribute__((noinline)) void tile_vnni(const QArgs& q, int64_t mb, int64_t p) {
+  constexpr int MR = 6, NV = 4;
+  int64_t n0, ncols, m_end;
+  tile_bounds(q, mb, p, n0, ncols, m_end);
+  const int8_t* BF_RESTRICT bp = q.packed + p * q.K4 * kStep;
+  alignas(64) int32_t tmp[MR * kQPanel];
+  for (int64_t i0 = mb * MB; i0 < m_end; i0 += MR) {
+    const int rows = static_cast<int>(m_end - i0 < MR ? m_end - i0 : MR);
+    const uint8_t* a[MR];
+    for (int r = 0; r < MR; ++r) a[r] = q.a + (i0 + (r < rows ? r : rows - 1)) * q.lda;
+    __m512i acc[MR][NV];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_si512();
+    const int8_t* BF_RESTRICT b = bp;
+    for (int64_t k4 = 0; k4 < q.K4; ++k4, b += kStep) {
+      __m512i bv[NV];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(b + 64 * v);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        int32_t a4;
+        std::memcpy(&a4, a[r] + 4 * k4, 4);
+        const __m512i av = _mm512_set1_epi32(a4);
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], av, bv[v]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) _mm512_store_si512(tmp + r * kQPanel + v * 16, acc[r][v]);
+    epilogue<MODE>(q, tmp, rows, i0, n0, ncols);
+  }
+}
+
+template <int MODE>
+__attribute__((noinline)) void tile_avx2(const QArgs& q, int64_t mb, int64_t p) {
+  constexpr int MR = 4;
+  int64_t n0, ncols, m_end;
+  tile_bounds(q, mb, p, n0, ncols, m_end);
+  const int64_t Kp = q.K4 * 4;
+  const int8_t* BF_RESTRICT bp = q.packed + p * q.K4 * kStep;
+  // The rows' activations widened to int16 once per row group.
+  thread_local std::vector<int16_t> widened;
+  if (static_cast<int64_t>(widened.size()) < MR * Kp) widened.resize(MR * Kp);
+  int16_t* aw = widened.data();
+  alignas(64) int32_t tmp[MR * kQPanel];
+  for (int64_t i0 = mb * MB; i0 < m_end; i0 += MR) {
+    const int rows = static_cast<int>(m_end - i0 < MR ? m_end - i0 : MR);
+    for (int r = 0; r < MR; ++r) {
+      const uint8_t* src = q.a + (i0 + (r < rows ? r : rows - 1)) * q.lda;
+      int16_t* dst = aw + r * Kp;
+      for (int64_t k = 0; k < Kp; ++k) dst[k] = src[k];
+    }
+    for (int64_t c0 = 0; c0 < ncols; c0 += 8) {
+      __m256i lo[MR], hi[MR];
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+      const int8_t* BF_RESTRICT b = bp + c0 * 4;
+      for (int64_t k4 = 0; k4 < q.K4; ++k4, b += kStep) {
+        const __m256i bl =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+        const __m256i bh =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));
+#pragma GCC unroll 4
+        for (int r = 0; r < MR; ++r) {
+          int64_t a4;
+          std::memcpy(&a4, aw + r * Kp + 4 * k4, 8);
+          const __m256i av = _mm256_set1_epi64x(a4);
+          lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(av, bl));
+          hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(av, bh));
+        }
+      }
+      // lo: columns c0..c0+3 as (k0+k1, k2+k3) pairs; hi: c0+4..c0+7.
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        const __m256i s = _mm256_permute4x64_epi64(_mm256_hadd_epi32(lo[r], hi[r]), 0xD8);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(tmp + r * kQPanel + c0), s);
+      }
+    }
+    epilogue<MODE>(q, tmp, rows, i0, n0, ncols);
+  }
+}
+#endif  // BF_QGEMM_X86
+
+// Portable scalar kernel (builds without AVX2 only).
+template <int MODE>
+__attribute__((noinline)) void tile_scalar(const QArgs& q, int64_t mb, int64_t p) {
+  int64_t n0, ncols, m_end;
+  tile_bounds(q, mb, p, n0, ncols, m_end);
+  const int8_t* bp = q.packed + p * q.K4 * kStep;
+  int32_t tmp[kQPanel];
+  for (int64_t m = mb * MB; m < m_end; ++m) {
+    for (int64_t c = 0; c < ncols; ++c) {
+      int32_t s = 0;
+      for (int64_t k4 = 0; k4 < q.K4; ++k4)
+        for (int j = 0; j < 4; ++j)
+          s += int32_t(q.a[m * q.lda + 4 * k4 + j]) * int32_t(bp[k4 * kStep + c * 4 + j]);
+      tmp[c] = s;
+    }
+    epilogue<MODE>(q, tmp, 1, m, n0, ncols);
+  }
+}
+
+template <int MODE>
+void run_tiles(const QArgs& q, int isa, int num_threads) {
+  const int64_t panels = (q.N + kQPanel - 1) / kQPanel;
+  const int64_t mblocks = (q.M + MB - 1) / MB;
+  const int64_t tiles = panels * mblocks;
+  const int nt = threads_for(q.M * q.N * q.K4 * 4, 1 << 20, num_threads);
+  (void)isa;
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t mb = t / panels, p = t % panels;
+#ifdef BF_QGEMM_X86
+    if (isa == kQIsaVnni) {
+      tile_vnni<MODE>(q, mb, p);
+    } else {
+      tile_avx2<MODE>(q, mb, p);
+    }
+#else
+    tile_scalar<MODE>(q, mb, p);
+#endif
+  }
+  (void)nt;
+}
+
+// One row: see the formulas in qgemm.h.
+void quantize_row(uint8_t* BF_RESTRICT q, float* scale_out, int32_t* zp_out,
+                  const float* BF_RESTRICT x, int64_t K, int64_t ldq) {
+  float lo = 0.0f, hi = 0.0f, bad = 0.0f;  // bad: NaN when x holds NaN or +-inf
+  int64_t k = 0;
+#ifdef BF_QGEMM_X86
+  {
+    __m256 vlo = _mm256_setzero_ps(), vhi = vlo, vbad = vlo;
+    const __m256 zero = _mm256_setzero_ps();
+    for (; k + 8 <= K; k += 8) {
+      const __m256 v = _mm256_loadu_ps(x + k);
+      vlo = _mm256_min_ps(vlo, v);
+      vhi = _mm256_max_ps(vhi, v);
+      vbad = _mm256_add_ps(vbad, _mm256_mul_ps(v, zero));
+    }
+    alignas(32) float l[8], h[8], b[8];
+    _mm256_store_ps(l, vlo);
+    _mm256_store_ps(h, vhi);
+    _mm256_store_ps(b, vbad);
+    for (int i = 0; i < 8; ++i) {
+      lo = l[i] < lo ? l[i] : lo;
+      hi = h[i] > hi ? h[i] : hi;
+      bad += b[i];
+    }
+  }
+#endif
+  for (; k < K; ++k) {
+    lo = x[k] < lo ? x[k] : lo;
+    hi = x[k] > hi ? x[k] : hi;
+    bad += x[k] * 0.0f;
+  }
+  if (bad != bad) {
+    *scale_out = std::numeric_limits<float>::quiet_NaN();
+    *zp_out = 0;
+    std::memset(q, 0, static_cast<size_t>(ldq));
+    return;
+  }
+  float scale = hi / 255.0f - lo / 255.0f;
+  scale = scale > 0x1p-100f ? scale : 0x1p-100f;
+  const float inv = 1.0f / scale;
+  float zpf = std::nearbyint(-lo * inv);
+  zpf = zpf < 0.0f ? 0.0f : (zpf > 255.0f ? 255.0f : zpf);
+  const int32_t zp = static_cast<int32_t>(zpf);
+  const float qlo = -zpf, qhi = 255.0f - zpf;
+  *scale_out = scale;
+  *zp_out = zp;
+  k = 0;
+#ifdef BF_QGEMM_X86
+  {
+    const __m256 vinv = _mm256_set1_ps(inv), vqlo = _mm256_set1_ps(qlo), vqhi = _mm256_set1_ps(qhi);
+    const __m256i vzp = _mm256_set1_epi32(zp);
+    for (; k + 8 <= K; k += 8) {
+      __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + k), vinv);
+      v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      v = _mm256_min_ps(_mm256_max_ps(v, vqlo), vqhi);
+      const __m256i i = _mm256_add_epi32(_mm256_cvttps_epi32(v), vzp);  // [0, 255]
+      const __m256i w = _mm256_packus_epi32(i, i);
+      const __m256i bytes = _mm256_packus_epi16(w, w);
+      const int32_t b0 = _mm_cvtsi128_si32(_mm256_castsi256_si128(bytes));
+      const int32_t b1 = _mm_cvtsi128_si32(_mm256_extracti128_si256(bytes, 1));
+      std::memcpy(q + k, &b0, 4);
+      std::memcpy(q + k + 4, &b1, 4);
+    }
+  }
+#endif
+  for (; k < K; ++k) {
+    float v = std::nearbyint(x[k] * inv);
+    v = v < qlo ? qlo : (v > qhi ? qhi : v);
+    q[k] = static_cast<uint8_t>(static_cast<int32_t>(v) + zp);
+  }
+  for (k = K; k < ldq; ++k) q[k] = 0;
+}
+
+}  // namespace
+
+bool qgemm_cpu_has_avx2() {
+#if defined(BF_QGEMM_X86)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+bool qgemm_cpu_has_vnni() {
+#if defined(BF_QGEMM_X86)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+void quantize_rows(uint8_t* q, float* scale, int32_t* zp, const float* x, int64_t M, int64_t K,
+                   int64_t ldq, int num_threads) {
+  const int nt = threads_for(M * K, 1 << 16, num_threads);
+  (void)nt;
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+  for (int64_t m = 0; m < M; ++m) quantize_row(q + m * ldq, scale + m, zp + m, x + m * K, K, ldq);
+}
+
+void qgemm_pack(int8_t* packed, int32_t* colsum, const int8_t* w, int64_t N, int64_t K,
+                int num_threads) {
+  const int64_t K4 = qgemm_padded_k(K) / 4;
+  const int64_t panels = (N + kQPanel - 1) / kQPanel;
+  const int nt = threads_for(N * K, 1 << 16, num_threads);
+  (void)nt;
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+  for (int64_t p = 0; p < panels; ++p) {
+    int8_t* dst = packed + p * K4 * kStep;
+    for (int64_t c = 0; c < kQPanel; ++c) {
+      const int64_t n = p * kQPanel + c;
+      int32_t s = 0;
+      for (int64_t k4 = 0; k4 < K4; ++k4)
+        for (int j = 0; j < 4; ++j) {
+          const int64_t k = 4 * k4 + j;
+          const int8_t v = (n < N && k < K) ? w[n * K + k] : int8_t(0);
+          dst[k4 * kStep + c * 4 + j] = v;
+          s += v;
+        }
+      colsum[n] = s;
+    }
+  }
+}
+
+void qgemm_s32(int32_t* out, const uint8_t* a, int64_t lda, const int8_t* packed, int64_t M,
+               int64_t N, int64_t K, int isa, int num_threads) {
+  if (M <= 0 || N <= 0) return;
+  QArgs q{};
+  q.a = a;
+  q.lda = lda;
+  q.packed = packed;
+  q.K4 = qgemm_padded_k(K) / 4;
+  q.M = M;
+  q.N = N;
+  q.out32 = out;
+  run_tiles<kRawMode>(q, isa, num_threads);
+}
+
+void qlinear(float* out, const float* x, const int8_t* packed, const int32_t* colsum,
+             const float* w_scale, const float* bias, int64_t M, int64_t N, int64_t K,
+             int activation, int isa, int num_threads) {
+  if (M <= 0 || N <= 0) return;
+  const int64_t Kp = qgemm_padded_k(K);
+  // Per calling thread (the GIL is released: several Python threads may call).
+  thread_local std::vector<uint8_t> qa;
+  thread_local std::vector<float> sx;
+  thread_local std::vector<int32_t> zp;
+  thread_local std::vector<float> zeros;
+  if (static_cast<int64_t>(qa.size()) < M * Kp) qa.resize(M * Kp);
+  if (static_cast<int64_t>(sx.size()) < M) {
+    sx.resize(M);
+    zp.resize(M);
+  }
+  if (!bias) {
+    if (static_cast<int64_t>(zeros.size()) < N) zeros.assign(N, 0.0f);
+    bias = zeros.data();
+  }
+  quantize_rows(qa.data(), sx.data(), zp.data(), x, M, K, Kp, num_threads);
+  QArgs q{};
+  q.a = qa.data();
+  q.lda = Kp;
+  q.packed = packed;
+  q.K4 = Kp / 4;
+  q.M = M;
+  q.N = N;
+  q.out = out;
+  q.a_scale = sx.data();
+  q.a_zp = zp.data();
+  q.colsum = colsum;
+  q.w_scale = w_scale;
+  q.bias = bias;
+  dispatch_activation</*kWithNone=*/true>(
+      activation, [&](auto act_c) { run_tiles<decltype(act_c)::value>(q, isa, num_threads); });
+}
+
+}  // namespace cpu
+}  // namespace bertfast
