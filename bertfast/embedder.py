@@ -266,14 +266,21 @@ class Embedder:
         dtype: torch.dtype = torch.float32,
         backend: str = "auto",
         max_length: int | None = None,
+        quantize: str | None = None,
     ) -> Embedder:
         """Load a checkpoint folder (default: :func:`default_checkpoint`).
 
         Raises what :func:`bertfast.from_pretrained` raises for the same mistake
         (``CheckpointError``, which a missing folder also is as a
         ``FileNotFoundError``; ``BackendError``/``ValueError`` for a backend or device
-        that cannot run here)."""
+        that cannot run here). ``quantize="int8"``: int8 encoder weights, as in
+        :func:`bertfast.from_pretrained` (CPU, float32)."""
+        from .ops import quant
+
+        quant.check_quantize(quantize)
         device = load_options(device, dtype, backend)
+        if quantize:
+            quant.check_supported(device, dtype, backend)
         path = default_checkpoint() if path is None else Path(checkpoint_folder(path))
         sentence = read_sentence_config(path)
         limit = model_max_length(path)
@@ -291,7 +298,9 @@ class Embedder:
         from .model import from_pretrained
 
         # The bare encoder: sentence vectors need no task head.
-        model = from_pretrained(path, device=device, dtype=dtype, backend=backend, head="base")
+        model = from_pretrained(
+            path, device=device, dtype=dtype, backend=backend, head="base", quantize=quantize
+        )
         model.eval()
         return cls(
             model,

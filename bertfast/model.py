@@ -43,6 +43,7 @@ from . import ops
 from .checkpoint import encoder_weight_specs, load_checkpoint
 from .config import EncoderConfig
 from .ops import cpu_weights as _cpu_weights
+from .ops import quant as _quant
 from .outputs import EncoderOutput
 from .validate import checkpoint_folder, load_options
 
@@ -76,6 +77,10 @@ def _attach(root: nn.Module, name: str, tensor: torch.Tensor) -> None:
 #: Every other 2-D weight (encoder and head dense layers) is read only by
 #: ops.linear / ops.linear_gelu: what an owned fp32 CPU model keeps packed.
 _TABLES = re.compile(r"^embeddings\.(word|position|token_type)$")
+
+#: The weights ``quantize="int8"`` quantizes: the encoder layers' linear layers
+#: (see bertfast/ops/quant.py for why the projection, pooler and heads stay fp32).
+_QUANTIZED = re.compile(r"^layers\.\d+\.(qkv|attn_out|ffn_in|ffn_out)\.weight$")
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
@@ -117,13 +122,17 @@ class BertfastModel(nn.Module):
         head: str = "base",
         backend: str = "auto",
         own_weights: bool = False,
+        quantize: str | None = None,
     ):
         """``own_weights=True`` (what ``from_pretrained`` passes): the tensors in
         ``weights`` belong to this model alone, so on CPU in fp32, where the C++ GEMM
         runs the linear layers, they are packed once and kept only packed (see
         :meth:`refresh`). ``False`` (``optimize()``): they are the caller's and are
-        used as they are, never copied."""
+        used as they are, never copied. ``quantize="int8"``: the encoder layers'
+        linear weights become int8 copies owned by the model (``_quantize_weights``;
+        the tensors in ``weights`` are not modified)."""
         super().__init__()
+        self.quantize = _quant.check_quantize(quantize)
         self.config = config
         self.head = H.resolve_head(config, head)  # its name (str)
         self.backend = backend
@@ -145,6 +154,8 @@ class BertfastModel(nn.Module):
         self._owns_weights = bool(own_weights)
         self._graphs = None
         self.eval()
+        if self.quantize:
+            self._quantize_weights()
         if self._owns_weights:
             self._pack_weights()
 
@@ -159,7 +170,7 @@ class BertfastModel(nn.Module):
             if _TABLES.match(n) and not _cpu_weights.is_packed(p)
         }
         for name, p in params:
-            if p.dim() != 2 or _TABLES.match(name):
+            if p.dim() != 2 or _TABLES.match(name) or _quant.is_quantized(p):
                 continue
             if not _cpu_weights.is_packed(p) and p.untyped_storage().data_ptr() in tables:
                 continue
@@ -172,9 +183,25 @@ class BertfastModel(nn.Module):
         for name, p in list(self._packable()):
             if _cpu_weights.is_packed(p) or p.device.type != "cpu" or p.dtype != torch.float32:
                 continue
+            if _quant.is_quantized(p):
+                continue
             key = (p.data_ptr(), tuple(p.shape), tuple(p.stride()))
             if key not in seen:  # ALBERT-style shared tensors stay shared
                 seen[key] = _cpu_weights.PackedWeight.of(p)
+            _attach(self, name, seen[key])
+
+    def _quantize_weights(self) -> None:
+        """``quantize="int8"``: replace the encoder layers' linear weights by int8
+        :class:`~bertfast.ops.quant.QuantizedWeight` copies (CPU, fp32, cpu backend
+        only; ValueError otherwise: never a silent fp32 model)."""
+        _quant.check_supported(self.device, self.dtype, self.backend)
+        seen = {}
+        for name, p in list(self.named_parameters(remove_duplicate=False)):
+            if not _QUANTIZED.match(name) or _quant.is_quantized(p):
+                continue
+            key = (p.data_ptr(), tuple(p.shape), tuple(p.stride()))
+            if key not in seen:  # ALBERT-style shared tensors stay shared
+                seen[key] = _quant.QuantizedWeight.of(p.detach())
             _attach(self, name, seen[key])
 
     def unpack_weights(self) -> BertfastModel:
@@ -222,6 +249,11 @@ class BertfastModel(nn.Module):
         for t in [p for _, p in self.named_parameters(remove_duplicate=False)] + list(
             self.buffers()
         ):
+            if _quant.is_quantized(t):  # int8 panels + column sums + scales
+                if id(t._packed) not in seen:
+                    seen.add(id(t._packed))
+                    total += t.packed_nbytes
+                continue
             packed = getattr(t, "_packed", None) if _cpu_weights.is_packed(t) else None
             key = id(packed) if packed is not None else t.untyped_storage().data_ptr()
             if key not in seen:
@@ -232,6 +264,9 @@ class BertfastModel(nn.Module):
     def _apply(self, fn, recurse=True):
         # .to() / .half() / .cuda(): convert plain tensors; an owned model packs
         # again when it (still, or again) runs on the C++ GEMM.
+        if getattr(self, "quantize", None):
+            _quant.check_apply(fn)  # an int8 model cannot move or be cast
+            return self
         if any(_cpu_weights.is_packed(p) for _, p in self._packable()):
             self.unpack_weights()
         out = super()._apply(fn, recurse)
@@ -576,6 +611,7 @@ def from_pretrained(
     backend: str = "auto",
     head: str | None = None,
     cuda_graphs: bool | None = None,
+    quantize: str | None = None,
 ) -> BertfastModel:
     """Load a Hugging Face checkpoint folder into a :class:`BertfastModel`.
 
@@ -593,11 +629,21 @@ def from_pretrained(
     :class:`~bertfast.validate.CheckpointError` (a missing folder or file is also a
     ``FileNotFoundError``), a non-floating ``dtype`` a ``TypeError``; nothing is
     half-loaded.
+
+    ``quantize="int8"`` (CPU, float32, ``cpu``/``auto`` backend; ValueError elsewhere):
+    the encoder layers' linear weights are held in int8 with per-output-channel
+    scales and the activations quantized per token at run time (see
+    ``bertfast/ops/quant.py``); everything else stays fp32.
     """
+    _quant.check_quantize(quantize)
     device = load_options(device, dtype, backend)
+    if quantize:
+        _quant.check_supported(device, dtype, backend)
     folder = checkpoint_folder(path)
     cfg, head, weights = load_checkpoint(folder, head=head, dtype=dtype, device=device)
-    model = BertfastModel(cfg, weights, head=head, backend=backend, own_weights=True)
+    model = BertfastModel(
+        cfg, weights, head=head, backend=backend, own_weights=True, quantize=quantize
+    )
     if cuda_graphs or (cuda_graphs is None and device.type == "cuda"):
         model.enable_cuda_graphs(cuda_graphs)
     return model

@@ -71,6 +71,7 @@ def load_embedder(
     max_length=None,
     pooling=None,
     normalize=None,
+    quantize=None,
 ):
     """An :class:`~bertfast.Embedder` set up as the Ray classes ask: ``device=None``
     takes the GPU Ray gave this process if any, else the CPU; ``pooling`` (a mode or
@@ -82,7 +83,12 @@ def load_embedder(
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     embedder = Embedder.from_pretrained(
-        path, device=device, dtype=_torch_dtype(dtype), backend=backend, max_length=max_length
+        path,
+        device=device,
+        dtype=_torch_dtype(dtype),
+        backend=backend,
+        max_length=max_length,
+        quantize=quantize,
     )
     if pooling is not None or normalize is not None:
         modes = (pooling,) if isinstance(pooling, str) else pooling
@@ -188,6 +194,7 @@ _EMBEDDER_KWARGS = frozenset(
         "normalize",
         "max_tokens",
         "encode_batch_size",
+        "quantize",
     }
 )
 

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from . import cpu_weights as _weights
+from . import quant
 from .dispatch import Backend
 from .native import (
     _C,
@@ -93,12 +94,16 @@ _OWN_GEMM = os.environ.get("BERTFAST_CPU_GEMM", "own").strip().lower() != "torch
 def linear_op(x, weight, bias):
     """The ``linear`` op: fp32 on the C++ GEMM or F.linear (see ``linear``), other
     dtypes on torch's."""
+    if quant.is_quantized(weight):  # int8 weights (quantize="int8"): the int8 kernel
+        return quant.linear(x, weight, bias, None)
     if x.dtype == torch.float32 and (_OWN_GEMM or _weights.is_packed(weight)):
         return linear(x, weight, bias, None)
     return torch.nn.functional.linear(x, weight, bias)
 
 
 def linear_gelu(x, weight, bias, act):
+    if quant.is_quantized(weight):
+        return quant.linear(x, weight, bias, act)
     if x.dtype == torch.float32 and (_OWN_GEMM or _weights.is_packed(weight)):
         return linear(x, weight, bias, act)  # bias + act in the C++ epilogue
     # fp16 / bf16: torch's GEMM, then the bias + activation epilogue in place.

@@ -205,13 +205,17 @@ class QuantizedWeight(Tensor):
         out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
         if any(r.alias_info is not None for r in schema.returns):
             # views read the values but must not take writes landing in a temporary
-            return tree_map(
-                lambda t: _cpu_weights._ReadOnlyView(t) if isinstance(t, Tensor) else t, out
-            )
+            return tree_map(lambda t: _QuantizedView(t) if isinstance(t, Tensor) else t, out)
         return out
 
 
 _SAME_WEIGHT = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+
+
+class _QuantizedView(_cpu_weights._ReadOnlyView):
+    """A view of a :class:`QuantizedWeight`: readable, refuses writes."""
+
+    __torch_dispatch__ = QuantizedWeight.__dict__["__torch_dispatch__"]
 
 
 def is_quantized(t) -> bool:

@@ -1,0 +1,242 @@
+"""``quantize="int8"``: models, the Embedder, optimize() and the CLI.
+
+References: the same checkpoint in fp32 through bertfast and through transformers
+(sentence vectors: mean of the real tokens' last hidden states; int8 must keep a
+cosine >= 0.99 to both, issue 15's contract); the kernels themselves are tested
+bit-exactly in tests/ops/test_int8_gemm.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bertfast
+from bertfast.ops import quant
+
+from .models import build, make_batch, save
+
+pytestmark = pytest.mark.skipif(
+    quant.unsupported_reason("cpu", torch.float32) is not None,
+    reason="bertfast._C int8 kernels are not built",
+)
+
+MIN_COSINE = 0.99
+FAMILIES = ["bert", "roberta", "albert", "electra", "distilbert"]
+
+
+def _sentence_vectors(hidden, mask):
+    m = mask.bool()[..., None].to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_folder(request, tmp_path_factory):
+    hf = build(request.param, "base")
+    return request.param, hf, save(hf, str(tmp_path_factory.mktemp(request.param)))
+
+
+def test_int8_model_matches_fp32_and_transformers(family_folder):
+    family, hf, folder = family_folder
+    m32 = bertfast.from_pretrained(folder)
+    m8 = bertfast.from_pretrained(folder, quantize="int8")
+    batch = make_batch(family, lengths=(11, 7, 1, 9, 16))
+    with torch.no_grad():
+        ref = hf(**batch).last_hidden_state
+    h32 = m32(**batch).last_hidden_state
+    h8 = m8(**batch).last_hidden_state
+    mask = batch["attention_mask"]
+    v8 = _sentence_vectors(h8, mask)
+    for other in (h32, ref):
+        cos = F.cosine_similarity(v8.double(), _sentence_vectors(other, mask).double(), dim=-1)
+        assert cos.min().item() >= MIN_COSINE, cos
+    # not silently fp32: int8 differs from fp32 by more than fp32 rounding
+    assert (h8 - h32).abs().max().item() > 1e-4
+    # padded positions stay zero
+    assert torch.equal(h8[~mask.bool()], torch.zeros_like(h8[~mask.bool()]))
+    # what is quantized: the encoder layers' four linear layers, nothing else
+    kinds = {n: quant.is_quantized(p) for n, p in m8.named_parameters(remove_duplicate=False)}
+    for name, q in kinds.items():
+        expect = name.startswith("layers.") and name.endswith(
+            ("qkv.weight", "attn_out.weight", "ffn_in.weight", "ffn_out.weight")
+        )
+        assert q == expect, name
+    assert m8.weight_nbytes() < 0.6 * m32.weight_nbytes()
+
+
+def test_int8_heads_and_pooler(tmp_path):
+    hf = build("bert", "sequence_classification")
+    folder = save(hf, str(tmp_path / "cls"))
+    m8 = bertfast.from_pretrained(folder, quantize="int8")
+    batch = make_batch("bert")
+    with torch.no_grad():
+        ref = hf(**batch).logits
+    got = m8(**batch).logits
+    assert F.cosine_similarity(got.flatten(), ref.flatten(), dim=0) > MIN_COSINE
+    assert not quant.is_quantized(m8._w("pooler.weight"))
+
+
+def test_nonfinite_inputs_propagate(family_folder):
+    family, _, folder = family_folder
+    m8 = bertfast.from_pretrained(folder, quantize="int8")
+    w = m8.embeddings.word
+    with torch.no_grad():
+        w.data[5] = float("nan")  # the embedding table is a plain fp32 tensor
+    batch = make_batch(family, lengths=(4, 3))
+    batch["input_ids"][0, 1] = 5
+    batch["input_ids"][1] = torch.where(batch["input_ids"][1] == 5, 6, batch["input_ids"][1])
+    h = m8(**batch).last_hidden_state
+    assert torch.isnan(h[0, :4]).any()  # attention spreads the NaN within the row
+    assert torch.isfinite(h[1]).all()
+
+
+@pytest.mark.parametrize("bad", ["int4", "INT8", "fp8", True, 8])
+def test_bad_quantize_values(family_folder, bad):
+    _, _, folder = family_folder
+    with pytest.raises(ValueError, match=r"quantize must be one of None, 'int8'"):
+        bertfast.from_pretrained(folder, quantize=bad)
+
+
+def test_unsupported_targets_are_refused(family_folder):
+    _, _, folder = family_folder
+    with pytest.raises(ValueError, match=r"quantize='int8' needs dtype=torch.float32"):
+        bertfast.from_pretrained(folder, dtype=torch.bfloat16, quantize="int8")
+    with pytest.raises(ValueError, match=r"backend 'torch' has no int8 kernels"):
+        bertfast.from_pretrained(folder, backend="torch", quantize="int8")
+    assert "runs on CPU only" in quant.unsupported_reason("cuda", torch.float32)
+    assert "has no int8 kernels" in quant.unsupported_reason("cpu", torch.float32, "triton")
+
+
+def test_env_backend_is_refused(family_folder, monkeypatch):
+    _, _, folder = family_folder
+    monkeypatch.setenv("BERTFAST_BACKEND", "torch")
+    with pytest.raises(ValueError, match="no int8 kernels"):
+        bertfast.from_pretrained(folder, quantize="int8")
+
+
+def test_int8_model_cannot_be_moved_or_cast(family_folder):
+    _, _, folder = family_folder
+    m8 = bertfast.from_pretrained(folder, quantize="int8")
+    with pytest.raises(ValueError, match="int8 model .* runs on CPU in float32 only"):
+        m8.to(torch.float16)
+    m8.to("cpu").float()  # no-ops are fine
+    assert quant.is_quantized(m8.layers._modules["0"].qkv.weight)
+
+
+def test_quantized_weight_is_read_only_and_reads_as_dequantized():
+    w = torch.randn(70, 37)
+    qw = quant.QuantizedWeight.of(w)
+    q, scale = quant.quantize_weight(w)
+    assert torch.equal(qw.int8(), q)
+    dense = qw.dense()
+    torch.testing.assert_close(dense, q.float() * scale[:, None], rtol=0, atol=0)
+    # int8 error per element within half a quantization step of its row
+    assert ((dense - w).abs() <= scale[:, None] * 0.5 + 1e-7).all()
+    # torch ops see the dequantized values
+    torch.testing.assert_close(qw.sum(), dense.sum())
+    torch.testing.assert_close(qw @ torch.ones(37), dense @ torch.ones(37))
+    for write in (
+        lambda: qw.add_(1),
+        lambda: qw.zero_(),
+        lambda: qw[0].fill_(2.0),
+        lambda: qw.t().mul_(2),
+        lambda: qw.detach().copy_(dense),
+    ):
+        with pytest.raises(RuntimeError, match="quantized to int8 and owned by the model"):
+            write()
+    assert torch.equal(qw.int8(), q)  # nothing was written
+    # copies and saving give the dequantized values
+    assert torch.equal(copy.deepcopy(qw).int8(), q)
+    buf = io.BytesIO()
+    torch.save(qw, buf)
+    buf.seek(0)
+    assert torch.equal(torch.load(buf), dense)
+
+
+def test_quantize_weight_edge_rows():
+    w = torch.randn(4, 9)
+    w[1] = 0.0
+    w[2, 3] = float("nan")
+    w[3, 0] = float("inf")
+    q, scale = quant.quantize_weight(w)
+    assert scale[1] == 1.0 and (q[1] == 0).all()
+    assert torch.isnan(scale[2:]).all()
+    out = quant.linear(torch.randn(3, 9), quant.QuantizedWeight.of(w), None, None)
+    assert torch.isnan(out[:, 2:]).all() and torch.isfinite(out[:, :2]).all()
+
+
+def test_optimize_int8_keeps_user_weights(tmp_path):
+    hf = build("bert")
+    batch = make_batch("bert")
+    with torch.no_grad():
+        expect = hf(**batch).last_hidden_state
+    before = {n: p.detach().clone() for n, p in hf.named_parameters()}
+    bertfast.optimize(hf, quantize="int8", fallback=False)
+    for n, p in hf.named_parameters():
+        assert type(p) is torch.nn.Parameter and torch.equal(p, before[n]), n
+    with torch.no_grad():
+        got = hf(**batch).last_hidden_state
+    mask = batch["attention_mask"]
+    cos = F.cosine_similarity(
+        _sentence_vectors(got, mask).double(), _sentence_vectors(expect, mask).double(), dim=-1
+    )
+    assert cos.min() >= MIN_COSINE
+    assert (got - expect)[mask.bool()].abs().max() > 1e-4  # int8, not fp32
+    fast = hf.base_model._bertfast_state.fast
+    assert quant.is_quantized(fast.layers._modules["0"].ffn_in.weight)
+    with pytest.raises(ValueError, match=r"quantize must be one of None, 'int8'"):
+        bertfast.optimize(build("bert"), quantize="int16")
+    with pytest.raises(ValueError, match="no int8 kernels"):
+        bertfast.optimize(build("bert"), backend="torch", quantize="int8")
+
+
+def test_embedder_int8(tmp_path):
+    from bertfast import Embedder
+
+    from .tiny_embedder import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "tiny")
+    e32 = Embedder.from_pretrained(folder)
+    e8 = Embedder.from_pretrained(folder, quantize="int8")
+    texts = ["the cat sat on the mat", "hello world", "quick brown fox jump over lazy dog"]
+    v32 = e32.encode(texts, convert_to="torch")
+    v8 = e8.encode(texts, convert_to="torch")
+    cos = F.cosine_similarity(v32.double(), v8.double(), dim=-1)
+    assert cos.min() >= MIN_COSINE
+    assert not torch.equal(v32, v8)
+    with pytest.raises(ValueError, match=r"quantize must be one of None, 'int8'"):
+        Embedder.from_pretrained(folder, quantize="int4")
+    with pytest.raises(ValueError, match="needs dtype=torch.float32"):
+        Embedder.from_pretrained(folder, dtype=torch.float16, quantize="int8")
+
+
+def test_cli_quantize(tmp_path, capsys):
+    from bertfast.cli import main
+
+    from .tiny_embedder import make_checkpoint
+
+    folder = str(make_checkpoint(tmp_path / "tiny"))
+    src = tmp_path / "in.txt"
+    src.write_text("the cat sat\nhello world\n")
+    out = tmp_path / "out.npy"
+    assert (
+        main(["encode", folder, "--input", str(src), "--output", str(out), "--quantize", "int8"])
+        == 0
+    )
+    capsys.readouterr()
+    rc = main(["encode", folder, "--input", str(src), "--output", str(out), "--quantize", "int8",
+               "--backend", "torch"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "no int8 kernels" in err[0]
+    rc = main(["encode", folder, "--input", str(src), "--output", str(out), "--quantize", "int8",
+               "--dtype", "bfloat16"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "float32" in err[0]
+    with pytest.raises(SystemExit) as exc:
+        main(["encode", folder, "--input", str(src), "--output", str(out), "--quantize", "int4"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'int4'" in capsys.readouterr().err
