@@ -4,7 +4,7 @@
 // int8_isa. Same discipline as csrc/cpu_ops.cpp: every tensor and size checked
 // (csrc/binding.h), ValueError / TypeError naming the op and the argument.
 //
-// isa: "auto" (VNNI when the CPU has AVX512-VNNI, else AVX2), "vnni", "avx2"; None
+// isa: "auto" (AMX, else AVX512-VNNI, else AVX2), "amx", "vnni", "avx2"; None
 // reads BERTFAST_CPU_INT8_ISA (default auto) at every call.
 #include <ATen/Parallel.h>
 #include <ATen/ops/zeros.h>
@@ -39,8 +39,15 @@ int resolve_isa(const Op& op, const std::optional<std::string>& isa) {
   }
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (name.empty() || name == "auto") {
+    if (cpu::qgemm_cpu_has_amx()) return cpu::kQIsaAmx;
     if (cpu::qgemm_cpu_has_vnni()) return cpu::kQIsaVnni;
     name = "avx2";
+  }
+  if (name == "amx") {
+    if (!cpu::qgemm_cpu_has_amx())
+      op.value_error(std::string(source) +
+                     "=amx but this CPU (or OS) has no AMX-INT8 (use auto, vnni or avx2)");
+    return cpu::kQIsaAmx;
   }
   if (name == "vnni") {
     if (!cpu::qgemm_cpu_has_vnni())
@@ -55,7 +62,7 @@ int resolve_isa(const Op& op, const std::optional<std::string>& isa) {
 #endif
     return cpu::kQIsaAvx2;
   }
-  op.value_error(std::string(source) + "='" + name + "' is not one of auto, vnni, avx2");
+  op.value_error(std::string(source) + "='" + name + "' is not one of auto, amx, vnni, avx2");
 }
 
 void check_k(const Op& op, int64_t K) {
@@ -74,7 +81,8 @@ int64_t rows_of(const Tensor& x, int64_t K) {
 
 std::string isa_name(const std::optional<std::string>& isa) {
   Op op = int8_op("int8_isa");
-  return resolve_isa(op, isa) == cpu::kQIsaVnni ? "vnni" : "avx2";
+  const int code = resolve_isa(op, isa);
+  return code == cpu::kQIsaAmx ? "amx" : code == cpu::kQIsaVnni ? "vnni" : "avx2";
 }
 
 std::tuple<Tensor, Tensor, Tensor> quantize_rows(const Tensor& x) {

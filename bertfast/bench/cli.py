@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma list (default: transformers-eager, transformers-sdpa and "
         "bertfast-<backend> for each usable backend); peers: onnxruntime, openvino "
         "(openvino-latency / openvino-throughput force a hint), ctranslate2, "
-        "onnxruntime-int8, ctranslate2-int8; 'builtin' and 'peers' name each group",
+        "onnxruntime-int8, ctranslate2-int8; bertfast int8: bertfast-cpu-int8; "
+        "'builtin' and 'peers' name each group",
     )
     p.add_argument(
         "--isolation",

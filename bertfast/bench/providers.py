@@ -13,6 +13,7 @@ from .workload import Batch
 __all__ = [
     "Provider",
     "BertfastProvider",
+    "BertfastInt8Provider",
     "TransformersProvider",
     "bertfast_backends",
     "builtin_providers",
@@ -69,6 +70,45 @@ class BertfastProvider(Provider):
             model_path, device=device, dtype=dtype, backend=self.backend
         )
         model.eval()
+
+        @torch.inference_mode()
+        def run(batch: Batch):
+            return model(
+                batch.input_ids,
+                attention_mask=batch.attention_mask,
+                token_type_ids=batch.token_type_ids,
+            ).last_hidden_state
+
+        return run
+
+
+class BertfastInt8Provider(BertfastProvider):
+    """``bertfast-cpu-int8``: ``from_pretrained(..., backend="cpu", quantize="int8")``
+    (int8 encoder weights, activations quantized per token; bertfast/ops/quant.py).
+    An int8 row: checked against INT8_PARITY_TOL, reported with the int8 peers
+    (``onnxruntime-int8``, ``ctranslate2-int8``), never in fp32 ratios."""
+
+    NAME = "bertfast-cpu-int8"
+    is_bertfast = False  # not one of the fp32 bertfast rows (--backend leaves it alone)
+    int8 = True
+
+    def __init__(self):
+        self.backend = "cpu"
+        self.name = self.NAME
+
+    def unavailable(self, device, dtype):
+        from ..ops import quant
+
+        return super().unavailable(device, dtype) or quant.unsupported_reason(
+            device, dtype, self.backend
+        )
+
+    def load(self, model_path, device, dtype):
+        import bertfast
+
+        model = bertfast.from_pretrained(
+            model_path, device=device, dtype=dtype, backend=self.backend, quantize="int8"
+        )
 
         @torch.inference_mode()
         def run(batch: Batch):
@@ -142,6 +182,7 @@ def provider_by_name(name: str, device: str) -> Provider:
     from .peers import OpenVinoProvider, peer_providers
 
     known = {p.name: p for p in builtin_providers(device) + peer_providers(device)}
+    known[BertfastInt8Provider.NAME] = BertfastInt8Provider()
     for hint in OpenVinoProvider.HINTS:
         p = OpenVinoProvider(hint)
         known[p.name] = p

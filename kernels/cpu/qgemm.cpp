@@ -20,8 +20,16 @@
 #include <vector>
 
 #if defined(__x86_64__) && defined(__AVX2__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define BF_QGEMM_X86 1
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <mutex>
+#define BF_QGEMM_AMX 1
+#endif
 #endif
 
 #include "cpu/common.h"
@@ -172,6 +180,76 @@ __attribute__((noinline)) void tile_avx2(const QArgs& q, int64_t mb, int64_t p) 
     epilogue<MODE>(q, tmp, rows, i0, n0, ncols);
   }
 }
+#ifdef BF_QGEMM_AMX
+// AMX (tdpbusd): 16 rows x 64 columns per step as four 16x16 int32 tiles (tmm0-3),
+// A in tmm4 (16 rows x 64 k), B in tmm5 (16 k/4-rows x 16 columns x 4, read straight
+// from the packed panel with a 256-byte stride). Needs K % 64 == 0 and the A rows
+// padded to a multiple of 16 (the caller's buffer; the extra rows are discarded).
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+template <int MODE>
+__attribute__((noinline)) void tile_amx(const QArgs& q, int64_t mb, int64_t p) {
+  int64_t n0, ncols, m_end;
+  tile_bounds(q, mb, p, n0, ncols, m_end);
+  TileConfig cfg{};
+  cfg.palette_id = 1;
+  for (int t = 0; t < 6; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  asm volatile("ldtilecfg %0" ::"m"(cfg));
+  const int8_t* bp = q.packed + p * q.K4 * kStep;
+  const int64_t kblocks = q.K4 / 16;
+  alignas(64) int32_t tmp[16 * kQPanel];
+  for (int64_t i0 = mb * MB; i0 < m_end; i0 += 16) {
+    const int rows = static_cast<int>(m_end - i0 < 16 ? m_end - i0 : 16);
+    const uint8_t* a = q.a + i0 * q.lda;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      const int8_t* b = bp + kb * 16 * kStep;
+      _tile_loadd(4, a + kb * 64, q.lda);
+      _tile_loadd(5, b, kStep);
+      _tile_dpbusd(0, 4, 5);
+      _tile_loadd(5, b + 64, kStep);
+      _tile_dpbusd(1, 4, 5);
+      _tile_loadd(5, b + 128, kStep);
+      _tile_dpbusd(2, 4, 5);
+      _tile_loadd(5, b + 192, kStep);
+      _tile_dpbusd(3, 4, 5);
+    }
+    _tile_stored(0, tmp, kQPanel * 4);
+    _tile_stored(1, tmp + 16, kQPanel * 4);
+    _tile_stored(2, tmp + 32, kQPanel * 4);
+    _tile_stored(3, tmp + 48, kQPanel * 4);
+    epilogue<MODE>(q, tmp, rows, i0, n0, ncols);
+  }
+  asm volatile("tilerelease" ::);
+}
+
+// Linux gives a process the AMX tile state only on request (once per process).
+bool amx_enabled() {
+  static std::once_flag once;
+  static bool ok = false;
+  std::call_once(once, [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    const bool tile = (d >> 24) & 1u, int8 = (d >> 25) & 1u;
+    if (!tile || !int8) return;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    ok = syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  });
+  return ok;
+}
+#endif  // BF_QGEMM_AMX
 #endif  // BF_QGEMM_X86
 
 // Portable scalar kernel (builds without AVX2 only).
@@ -206,7 +284,11 @@ void run_tiles(const QArgs& q, int isa, int num_threads) {
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t mb = t / panels, p = t % panels;
 #ifdef BF_QGEMM_X86
-    if (isa == kQIsaVnni) {
+    if (isa == kQIsaAmx) {
+#ifdef BF_QGEMM_AMX
+      tile_amx<MODE>(q, mb, p);
+#endif
+    } else if (isa == kQIsaVnni) {
       tile_vnni<MODE>(q, mb, p);
     } else {
       tile_avx2<MODE>(q, mb, p);
@@ -301,6 +383,16 @@ bool qgemm_cpu_has_avx2() {
 #endif
 }
 
+bool qgemm_cpu_has_amx() {
+#if defined(BF_QGEMM_AMX)
+  return qgemm_cpu_has_vnni() && amx_enabled();
+#else
+  return false;
+#endif
+}
+
+int qgemm_isa_for(int isa, int64_t K) { return isa == kQIsaAmx && K % 64 != 0 ? kQIsaVnni : isa; }
+
 bool qgemm_cpu_has_vnni() {
 #if defined(BF_QGEMM_X86)
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -350,6 +442,14 @@ void qgemm_pack(int8_t* packed, int32_t* colsum, const int8_t* w, int64_t N, int
 void qgemm_s32(int32_t* out, const uint8_t* a, int64_t lda, const int8_t* packed, int64_t M,
                int64_t N, int64_t K, int isa, int num_threads) {
   if (M <= 0 || N <= 0) return;
+  isa = qgemm_isa_for(isa, K);
+  thread_local std::vector<uint8_t> padded;
+  const int64_t M16 = (M + 15) / 16 * 16;
+  if (isa == kQIsaAmx && M16 != M) {  // AMX reads whole 16-row tiles
+    padded.assign(M16 * lda, 0);
+    std::memcpy(padded.data(), a, static_cast<size_t>(M * lda));
+    a = padded.data();
+  }
   QArgs q{};
   q.a = a;
   q.lda = lda;
@@ -365,13 +465,17 @@ void qlinear(float* out, const float* x, const int8_t* packed, const int32_t* co
              const float* w_scale, const float* bias, int64_t M, int64_t N, int64_t K,
              int activation, int isa, int num_threads) {
   if (M <= 0 || N <= 0) return;
+  isa = qgemm_isa_for(isa, K);
   const int64_t Kp = qgemm_padded_k(K);
+  const int64_t M16 = (M + 15) / 16 * 16;  // AMX reads whole 16-row tiles
   // Per calling thread (the GIL is released: several Python threads may call).
   thread_local std::vector<uint8_t> qa;
   thread_local std::vector<float> sx;
   thread_local std::vector<int32_t> zp;
   thread_local std::vector<float> zeros;
-  if (static_cast<int64_t>(qa.size()) < M * Kp) qa.resize(M * Kp);
+  if (static_cast<int64_t>(qa.size()) < M16 * Kp) qa.resize(M16 * Kp);
+  if (isa == kQIsaAmx && M16 != M)
+    std::memset(qa.data() + M * Kp, 0, static_cast<size_t>((M16 - M) * Kp));
   if (static_cast<int64_t>(sx.size()) < M) {
     sx.resize(M);
     zp.resize(M);

@@ -23,9 +23,12 @@ constexpr int64_t kQPanel = 64;
 constexpr int64_t kQMaxK = 65536;
 
 // Instruction sets of the int8 micro-kernel.
-enum QIsa : int { kQIsaAuto = 0, kQIsaAvx2 = 1, kQIsaVnni = 2 };
+// kQIsaAmx runs AMX tiles (tdpbusd) where K % 64 == 0 and VNNI otherwise.
+enum QIsa : int { kQIsaAuto = 0, kQIsaAvx2 = 1, kQIsaVnni = 2, kQIsaAmx = 3 };
 
-bool qgemm_cpu_has_vnni();  // AVX512-VNNI (+ F/BW/VL) on this CPU
+bool qgemm_cpu_has_vnni();              // AVX512-VNNI (+ F/BW/VL) on this CPU
+bool qgemm_cpu_has_amx();               // AMX-INT8 and the OS granted this process the tile state
+int qgemm_isa_for(int isa, int64_t K);  // the micro-kernel a call with K runs
 bool qgemm_cpu_has_avx2();
 
 // Row stride of the quantized activations the GEMM reads: K rounded up to 4.

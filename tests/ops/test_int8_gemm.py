@@ -31,12 +31,13 @@ pytestmark = pytest.mark.skipif(_K is None, reason="bertfast._C int8 kernels are
 
 
 def _isas():
+    """Every micro-kernel this CPU can run (avx2 always; vnni, amx where present)."""
     out = ["avx2"]
-    try:
-        if _K.int8_isa("auto") == "vnni":
-            out.append("vnni")
-    except ValueError:  # pragma: no cover
-        pass
+    for isa in ("vnni", "amx"):
+        try:
+            out.append(_K.int8_isa(isa))
+        except ValueError:  # pragma: no cover - CPUs without them
+            pass
     return out
 
 
@@ -51,6 +52,12 @@ SHAPES = [  # (M, N, K)
     (6, 200, 96),
     (50, 129, 250),
     (97, 191, 383),
+    # K % 64 == 0: the AMX tiles (other K run VNNI under isa="amx")
+    (1, 5, 64),
+    (17, 70, 128),
+    (48, 64, 192),
+    (33, 191, 384),
+    (65, 130, 1536),
 ]
 
 
@@ -192,7 +199,9 @@ def _qweight(w):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("act", [None, "gelu", "gelu_tanh", "relu"])
-@pytest.mark.parametrize("M,N,K", [(1, 3, 5), (7, 65, 37), (50, 129, 250), (33, 384, 384)])
+@pytest.mark.parametrize(
+    "M,N,K", [(1, 3, 5), (7, 65, 37), (50, 129, 250), (33, 384, 384), (100, 70, 128)]
+)
 def test_qlinear_vs_dequantized_and_fp32(isa, act, M, N, K):
     x = _rand(M, K, seed=1) * 2.0
     w = _rand(N, K, seed=2) / K**0.5
@@ -274,7 +283,7 @@ def test_argument_checks():
         _K.qlinear(x, packed, colsum, sw, None, "swish")
     with pytest.raises(ValueError, match="qlinear: x must be contiguous"):
         _K.qlinear(torch.randn(12, 3).T, packed, colsum, sw, None, None)
-    with pytest.raises(ValueError, match="isa='neon' is not one of auto, vnni, avx2"):
+    with pytest.raises(ValueError, match="isa='neon' is not one of auto, amx, vnni, avx2"):
         _K.qlinear(x, packed, colsum, sw, None, None, "neon")
     with pytest.raises(TypeError, match="qgemm_s32: q has dtype Char"):
         _K.qgemm_s32(w, packed, 10)
