@@ -240,3 +240,12 @@ def test_cli_quantize(tmp_path, capsys):
         main(["encode", folder, "--input", str(src), "--output", str(out), "--quantize", "int4"])
     assert exc.value.code == 2
     assert "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def test_int8_model_under_torch_compile(tmp_path):
+    hf = build("bert")
+    m8 = bertfast.from_pretrained(save(hf, str(tmp_path / "bert")), quantize="int8")
+    batch = make_batch("bert")
+    eager = m8(**batch).last_hidden_state
+    compiled = torch.compile(m8, fullgraph=True)(**batch).last_hidden_state
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)

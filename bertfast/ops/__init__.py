@@ -48,7 +48,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import checks, cpu_weights, dispatch, reference
+from . import checks, cpu_weights, dispatch, quant, reference
 from .dispatch import BACKEND_NAMES, BackendError, backend_status
 from .padding import PackInfo, pack_info, pack_info_from_counts
 
@@ -271,6 +271,8 @@ def _(x, weight, *rest):
 def linear(x, weight, bias=None, backend: str = "auto") -> Tensor:
     if torch.compiler.is_compiling() and cpu_weights.is_packed(weight):
         return _linear_packed.op(x, weight._packed, bias, weight._out_features, None)
+    if torch.compiler.is_compiling() and quant.is_quantized(weight):
+        return _linear_int8.op(x, weight._packed, weight._colsum, weight._scale, bias, None)
     return _linear.run(x, weight, bias, backend)
 
 
@@ -291,6 +293,8 @@ def _(x, weight, *rest):
 def linear_gelu(x, weight, bias=None, activation: str = "gelu", backend: str = "auto") -> Tensor:
     if torch.compiler.is_compiling() and cpu_weights.is_packed(weight):
         return _linear_packed.op(x, weight._packed, bias, weight._out_features, activation)
+    if torch.compiler.is_compiling() and quant.is_quantized(weight):
+        return _linear_int8.op(x, weight._packed, weight._colsum, weight._scale, bias, activation)
     return _linear_gelu.run(x, weight, bias, activation, backend)
 
 
@@ -308,6 +312,24 @@ def _linear_packed(
 @_linear_packed.register_fake
 def _(x, packed, bias, out_features, activation):
     return x.new_empty(tuple(x.shape[:-1]) + (out_features,))
+
+
+# The same for an int8 QuantizedWeight (quant.py): its plain tensors enter the graph.
+@_op("linear_int8", ())
+def _linear_int8(
+    x: Tensor,
+    packed: Tensor,
+    colsum: Tensor,
+    scale: Tensor,
+    bias: Optional[Tensor],
+    activation: Optional[str],
+) -> Tensor:
+    return quant.linear_parts(x, packed, colsum, scale, bias, activation)
+
+
+@_linear_int8.register_fake
+def _(x, packed, colsum, scale, bias, activation):
+    return x.new_empty(tuple(x.shape[:-1]) + (scale.shape[0],))
 
 
 # ---------------------------------------------------------------- attention

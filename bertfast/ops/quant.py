@@ -224,12 +224,15 @@ def is_quantized(t) -> bool:
 
 def linear(x: Tensor, weight: QuantizedWeight, bias: Tensor | None = None, act=None) -> Tensor:
     """``act(x @ W.T + bias)`` with W int8 and x quantized per row (fp32 in and out)."""
+    return linear_parts(x, weight._packed, weight._colsum, weight._scale, bias, act)
+
+
+def linear_parts(x, packed, colsum, scale, bias=None, act=None) -> Tensor:
+    """:func:`linear` on a QuantizedWeight's tensors (what torch.compile graphs hold)."""
     if x.dtype != torch.float32:
         raise TypeError(f"bertfast int8 linear: x must be float32, got {x.dtype}")
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
-    return _kernels.qlinear(
-        x.contiguous(), weight._packed, weight._colsum, weight._scale, b, act, None
-    )
+    return _kernels.qlinear(x.contiguous(), packed, colsum, scale, b, act, None)
 
 
 def check_apply(fn) -> None:
