@@ -19,6 +19,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #if defined(__x86_64__) && defined(__AVX2__)
 #include <cpuid.h>
 #include <immintrin.h>
@@ -193,8 +197,11 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 
+// AVX-512 for the epilogue (every AMX CPU has it).
 template <int MODE>
-__attribute__((noinline)) void tile_amx(const QArgs& q, int64_t mb, int64_t p) {
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+__attribute__((noinline)) void
+tile_amx(const QArgs& q, int64_t mb, int64_t p) {
   int64_t n0, ncols, m_end;
   tile_bounds(q, mb, p, n0, ncols, m_end);
   TileConfig cfg{};
@@ -271,33 +278,54 @@ __attribute__((noinline)) void tile_scalar(const QArgs& q, int64_t mb, int64_t p
   }
 }
 
+void quantize_row(uint8_t* BF_RESTRICT q, float* scale_out, int32_t* zp_out,
+                  const float* BF_RESTRICT x, int64_t K, int64_t ldq);
+
 template <int MODE>
-void run_tiles(const QArgs& q, int isa, int num_threads) {
+void run_tiles(const QArgs& q, int isa, int num_threads, const float* x = nullptr, int64_t K = 0,
+               uint8_t* qa = nullptr, float* sx = nullptr, int32_t* zp = nullptr) {
   const int64_t panels = (q.N + kQPanel - 1) / kQPanel;
   const int64_t mblocks = (q.M + MB - 1) / MB;
   const int64_t tiles = panels * mblocks;
-  const int nt = threads_for(q.M * q.N * q.K4 * 4, 1 << 20, num_threads);
+  // Multiply-adds per thread worth a thread (fork/join and a peer that is not
+  // scheduled cost more than a small GEMM on AMX takes).
+  const int64_t grain = isa == kQIsaAmx ? (1 << 24) : isa == kQIsaVnni ? (1 << 22) : (1 << 20);
+  const int nt = threads_for(q.M * q.N * q.K4 * 4, grain, num_threads);
   (void)isa;
-#ifdef BERTFAST_WITH_OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static)
-#endif
-  for (int64_t t = 0; t < tiles; ++t) {
-    const int64_t mb = t / panels, p = t % panels;
-#ifdef BF_QGEMM_X86
-    if (isa == kQIsaAmx) {
-#ifdef BF_QGEMM_AMX
-      tile_amx<MODE>(q, mb, p);
-#endif
-    } else if (isa == kQIsaVnni) {
-      tile_vnni<MODE>(q, mb, p);
-    } else {
-      tile_avx2<MODE>(q, mb, p);
-    }
-#else
-    tile_scalar<MODE>(q, mb, p);
-#endif
-  }
   (void)nt;
+  // With x: quantize its rows into qa / sx / zp (= q.a, q.a_scale, q.a_zp) first, in
+  // the same parallel region (one fork/join per linear layer).
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+  {
+    if (x) {
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp for schedule(static)
+#endif
+      for (int64_t m = 0; m < q.M; ++m)
+        quantize_row(qa + m * q.lda, sx + m, zp + m, x + m * K, K, q.lda);
+    }
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp for schedule(static)
+#endif
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t mb = t / panels, p = t % panels;
+#ifdef BF_QGEMM_X86
+      if (isa == kQIsaAmx) {
+#ifdef BF_QGEMM_AMX
+        tile_amx<MODE>(q, mb, p);
+#endif
+      } else if (isa == kQIsaVnni) {
+        tile_vnni<MODE>(q, mb, p);
+      } else {
+        tile_avx2<MODE>(q, mb, p);
+      }
+#else
+      tile_scalar<MODE>(q, mb, p);
+#endif
+    }
+  }
 }
 
 // One row: see the formulas in qgemm.h.
@@ -373,6 +401,24 @@ void quantize_row(uint8_t* BF_RESTRICT q, float* scale_out, int32_t* zp_out,
   for (k = K; k < ldq; ++k) q[k] = 0;
 }
 
+// A large fresh output is new mmap memory at every call; faulting it in 4 KiB pages
+// costs as much as the int8 GEMM itself (4096 x 1152 fp32: ~2 ms). Ask for
+// transparent huge pages on the whole 2 MiB pages inside it (advice only), as
+// gemm.cpp does for the fp32 GEMM's output.
+void advise_huge_pages(void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t(1) << 21;
+  if (bytes < static_cast<int64_t>(4 * kHuge)) return;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
+  if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 }  // namespace
 
 bool qgemm_cpu_has_avx2() {
@@ -443,6 +489,7 @@ void qgemm_s32(int32_t* out, const uint8_t* a, int64_t lda, const int8_t* packed
                int64_t N, int64_t K, int isa, int num_threads) {
   if (M <= 0 || N <= 0) return;
   isa = qgemm_isa_for(isa, K);
+  advise_huge_pages(out, M * N * static_cast<int64_t>(sizeof(int32_t)));
   thread_local std::vector<uint8_t> padded;
   const int64_t M16 = (M + 15) / 16 * 16;
   if (isa == kQIsaAmx && M16 != M) {  // AMX reads whole 16-row tiles
@@ -466,6 +513,7 @@ void qlinear(float* out, const float* x, const int8_t* packed, const int32_t* co
              int activation, int isa, int num_threads) {
   if (M <= 0 || N <= 0) return;
   isa = qgemm_isa_for(isa, K);
+  advise_huge_pages(out, M * N * static_cast<int64_t>(sizeof(float)));
   const int64_t Kp = qgemm_padded_k(K);
   const int64_t M16 = (M + 15) / 16 * 16;  // AMX reads whole 16-row tiles
   // Per calling thread (the GIL is released: several Python threads may call).
@@ -484,7 +532,6 @@ void qlinear(float* out, const float* x, const int8_t* packed, const int32_t* co
     if (static_cast<int64_t>(zeros.size()) < N) zeros.assign(N, 0.0f);
     bias = zeros.data();
   }
-  quantize_rows(qa.data(), sx.data(), zp.data(), x, M, K, Kp, num_threads);
   QArgs q{};
   q.a = qa.data();
   q.lda = Kp;
@@ -498,8 +545,9 @@ void qlinear(float* out, const float* x, const int8_t* packed, const int32_t* co
   q.colsum = colsum;
   q.w_scale = w_scale;
   q.bias = bias;
-  dispatch_activation</*kWithNone=*/true>(
-      activation, [&](auto act_c) { run_tiles<decltype(act_c)::value>(q, isa, num_threads); });
+  dispatch_activation</*kWithNone=*/true>(activation, [&](auto act_c) {
+    run_tiles<decltype(act_c)::value>(q, isa, num_threads, x, K, qa.data(), sx.data(), zp.data());
+  });
 }
 
 }  // namespace cpu
