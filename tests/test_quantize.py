@@ -249,3 +249,26 @@ def test_int8_model_under_torch_compile(tmp_path):
     eager = m8(**batch).last_hidden_state
     compiled = torch.compile(m8, fullgraph=True)(**batch).last_hidden_state
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+
+
+def test_bench_provider_is_an_int8_row(tmp_path):
+    from bertfast.bench.providers import provider_by_name
+    from bertfast.bench.workload import make_batch as bench_batch
+
+    hf = build("bert")
+    folder = save(hf, str(tmp_path / "bert"))
+    pr = provider_by_name("bertfast-cpu-int8", "cpu")
+    assert pr.int8 and not pr.is_bertfast and pr.unavailable("cpu", torch.float32) is None
+    assert "float32" in pr.unavailable("cpu", torch.bfloat16)
+    run = pr.load(folder, "cpu", torch.float32)
+    batch = bench_batch([5, 3], 90, device="cpu")
+    got = run(batch)
+    with torch.no_grad():
+        ref = hf(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            token_type_ids=batch.token_type_ids,
+        ).last_hidden_state
+    mask = batch.attention_mask
+    cos = F.cosine_similarity(_sentence_vectors(got, mask), _sentence_vectors(ref, mask), dim=-1)
+    assert cos.min() >= MIN_COSINE

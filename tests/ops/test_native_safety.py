@@ -495,7 +495,93 @@ def _packed_cases():
     }
 
 
-ALL_CASES = {**CASES, **_packed_cases()}
+def _int8_cases():
+    """The int8 entry points (kernels/cpu/qgemm.cpp, csrc/cpu_int8_ops.cpp)."""
+    if not hasattr(cpu, "qlinear"):  # pragma: no cover - a build without them
+        return {}
+    w = torch.randint(-127, 128, (40, 12), dtype=torch.int32).to(torch.int8)
+    packed, colsum = cpu.qgemm_pack(w)
+    sw = torch.ones(40)
+    x = torch.randn(3, 12)
+    q = torch.randint(0, 256, (3, 12), dtype=torch.int32).to(torch.uint8)
+    return {
+        "quantize_rows/dtype": (
+            cpu.quantize_rows,
+            dict(x=x.double()),
+            TypeError,
+            "x has dtype Double",
+        ),
+        "quantize_rows/0-D": (cpu.quantize_rows, dict(x=torch.tensor(1.0)), ValueError, "x must"),
+        "qgemm_pack/1-D": (
+            cpu.qgemm_pack,
+            dict(w=w.flatten()),
+            ValueError,
+            "weight must have 2 dimension(s)",
+        ),
+        "qgemm_pack/K": (
+            cpu.qgemm_pack,
+            dict(w=torch.zeros(1, 70000, dtype=torch.int8)),
+            ValueError,
+            "K=70000",
+        ),
+        "qgemm_s32/K": (
+            cpu.qgemm_s32,
+            dict(q=q[:, :8].contiguous(), p=packed, n=40, isa=None),
+            ValueError,
+            "packed has size 3 in dim 1, expected 2",
+        ),
+        "qgemm_s32/N": (
+            cpu.qgemm_s32,
+            dict(q=q, p=packed, n=65, isa=None),
+            ValueError,
+            "packed has size 1 in dim 0, expected 2",
+        ),
+        "qgemm_s32/dtype": (
+            cpu.qgemm_s32,
+            dict(q=x, p=packed, n=40, isa=None),
+            TypeError,
+            "q has dtype Float",
+        ),
+        "qlinear/K": (
+            cpu.qlinear,
+            dict(x=torch.randn(3, 16), p=packed, c=colsum, s=sw, b=None, a=None, i=None),
+            ValueError,
+            "packed has size 3 in dim 1, expected 4",
+        ),
+        "qlinear/scales": (
+            cpu.qlinear,
+            dict(x=x, p=packed, c=colsum, s=torch.ones(70), b=None, a=None, i=None),
+            ValueError,
+            "packed has size 1 in dim 0, expected 2",
+        ),
+        "qlinear/colsum": (
+            cpu.qlinear,
+            dict(x=x, p=packed, c=colsum[:40], s=sw, b=None, a=None, i=None),
+            ValueError,
+            "colsum has size 40",
+        ),
+        "qlinear/bias": (
+            cpu.qlinear,
+            dict(x=x, p=packed, c=colsum, s=sw, b=torch.ones(41), a="gelu", i=None),
+            ValueError,
+            "bias has size 41",
+        ),
+        "qlinear/packed layout": (
+            cpu.qlinear,
+            dict(x=x, p=packed.flatten(), c=colsum, s=sw, b=None, a=None, i=None),
+            ValueError,
+            "packed must have 4 dimension(s)",
+        ),
+        "qlinear/isa": (
+            cpu.qlinear,
+            dict(x=x, p=packed, c=colsum, s=sw, b=None, a=None, i="sse"),
+            ValueError,
+            "isa='sse' is not one of",
+        ),
+    }
+
+
+ALL_CASES = {**CASES, **_packed_cases(), **_int8_cases()}
 
 
 @pytest.mark.parametrize("case", sorted(ALL_CASES))
@@ -513,8 +599,9 @@ def test_every_entry_point_is_covered():
         name for name in dir(cpu) if not name.startswith("_") and callable(getattr(cpu, name))
     }
     covered = {fn.__name__ for fn, *_ in ALL_CASES.values()}
-    # linear_panel_width takes only a bool and reads nothing.
-    assert entry_points - covered == {"linear_panel_width"}
+    # linear_panel_width takes only a bool, int8_isa only a name: they read nothing.
+    exempt = {"linear_panel_width"} | ({"int8_isa"} if hasattr(cpu, "int8_isa") else set())
+    assert entry_points - covered == exempt
 
 
 @pytest.mark.parametrize(
