@@ -1,10 +1,11 @@
-"""int8 GEMM (bertfast._C.cpu.qlinear: per-row quantization + VNNI/AVX2 GEMM + fp32
-epilogue) vs fp32 F.linear and bertfast's fp32 GEMM on the encoder shapes of
-MiniLM (384) and BERT-base (768), at 16 / 128 / 4096 rows.
+"""int8 GEMM (bertfast._C.cpu.qlinear: per-row quantization + int8 GEMM + fp32
+epilogue, per micro-kernel) vs fp32 F.linear and bertfast's fp32 GEMM on the encoder
+shapes of MiniLM (384) and BERT-base (768), at 16 / 128 / 4096 rows.
 
-    python benchmarks/int8_gemm.py [--threads 2] [--isa auto|vnni|avx2]
+    python benchmarks/int8_gemm.py [--threads 2] [--stat min|median]
 
-Prints median milliseconds per call (one process, nothing else should run).
+Prints milliseconds per call (min by default: robust on a shared machine) for each
+micro-kernel this CPU runs (amx, vnni, avx2), and the best int8 / F.linear ratio.
 """
 
 from __future__ import annotations
@@ -24,25 +25,37 @@ SHAPES = [(384, 1152), (384, 1536), (1536, 384), (768, 2304), (3072, 768)]  # (K
 ROWS = [16, 128, 4096]
 
 
-def _median_ms(fn, reps):
+def _time_ms(fn, reps, stat):
     fn()
     times = []
     for _ in range(reps):
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
+    return 1e3 * (min(times) if stat == "min" else statistics.median(times))
+
+
+def _isas():
+    out = []
+    for isa in ("amx", "vnni", "avx2"):
+        try:
+            out.append(_C.cpu.int8_isa(isa))
+        except ValueError:
+            pass
+    return out
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--isa", default="auto")
+    p.add_argument("--stat", default="min", choices=("min", "median"))
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    isa = _C.cpu.int8_isa(args.isa)
-    print(f"threads={args.threads} int8 isa={isa}")
-    print(f"{'M':>5} {'K':>5} {'N':>5} {'F.linear':>9} {'bf fp32':>9} {'int8':>9} {'x F.lin':>8}")
+    isas = _isas()
+    print(f"threads={args.threads}, {args.stat} ms per call")
+    head = ["M", "K", "N", "F.linear", "bf-fp32"] + isas + ["best x F.lin"]
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    P = functools.partial
     for K, N in SHAPES:
         w = torch.randn(N, K) / K**0.5
         b = torch.randn(N)
@@ -50,15 +63,20 @@ def main():
         packed = _C.cpu.linear_pack(w, True)
         for M in ROWS:
             x = torch.randn(M, K)
-            reps = 200 if M <= 128 else 10
-            P = functools.partial
-            t_lin = _median_ms(P(F.linear, x, w, b), reps)
-            t_own = _median_ms(P(_C.cpu.linear_packed, x, packed, b, N, None, True), reps)
-            qargs = (x, qw._packed, qw._colsum, qw._scale, b, None, args.isa)
-            t_q = _median_ms(P(_C.cpu.qlinear, *qargs), reps)
-            print(
-                f"{M:>5} {K:>5} {N:>5} {t_lin:>9.3f} {t_own:>9.3f} {t_q:>9.3f} {t_lin / t_q:>7.2f}x"
-            )
+            reps = 100 if M <= 128 else 10
+            t_lin = _time_ms(P(F.linear, x, w, b), reps, args.stat)
+            t_own = _time_ms(P(_C.cpu.linear_packed, x, packed, b, N, None, True), reps, args.stat)
+            t_q = [
+                _time_ms(
+                    P(_C.cpu.qlinear, x, qw._packed, qw._colsum, qw._scale, b, None, isa),
+                    reps,
+                    args.stat,
+                )
+                for isa in isas
+            ]
+            cells = [M, K, N, f"{t_lin:.3f}", f"{t_own:.3f}"] + [f"{t:.3f}" for t in t_q]
+            cells.append(f"{t_lin / min(t_q):.2f}")
+            print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
 if __name__ == "__main__":
