@@ -492,7 +492,7 @@ void qgemm_s32(int32_t* out, const uint8_t* a, int64_t lda, const int8_t* packed
   advise_huge_pages(out, M * N * static_cast<int64_t>(sizeof(int32_t)));
   thread_local std::vector<uint8_t> padded;
   const int64_t M16 = (M + 15) / 16 * 16;
-  if (isa == kQIsaAmx && M16 != M) {  // AMX reads whole 16-row tiles
+  if (isa == kQIsaAmx && M16 != M && lda > 0) {  // AMX reads whole 16-row tiles
     padded.assign(M16 * lda, 0);
     std::memcpy(padded.data(), a, static_cast<size_t>(M * lda));
     a = padded.data();
@@ -522,7 +522,7 @@ void qlinear(float* out, const float* x, const int8_t* packed, const int32_t* co
   thread_local std::vector<int32_t> zp;
   thread_local std::vector<float> zeros;
   if (static_cast<int64_t>(qa.size()) < M16 * Kp) qa.resize(M16 * Kp);
-  if (isa == kQIsaAmx && M16 != M)
+  if (isa == kQIsaAmx && M16 != M && Kp > 0)
     std::memset(qa.data() + M * Kp, 0, static_cast<size_t>((M16 - M) * Kp));
   if (static_cast<int64_t>(sx.size()) < M) {
     sx.resize(M);

@@ -44,6 +44,7 @@ def _isas():
 ISAS = _isas() if _K is not None else ["avx2"]
 
 SHAPES = [  # (M, N, K)
+    (3, 5, 0),
     (1, 1, 1),
     (5, 7, 3),
     (7, 65, 37),
