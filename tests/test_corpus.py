@@ -115,3 +115,23 @@ def test_files_are_the_generator_output():
     assert queries == QUERIES
     # each query paraphrases a corpus sentence (its pair in the generator)
     assert all(sentence in CORPUS for sentence, _ in module.PAIRS)
+
+
+def test_data_ships_in_the_wheel():
+    """scikit-build-core's ``wheel.packages = ["bertfast"]`` copies every file of the
+    package that git does not ignore and ``wheel.exclude`` does not name."""
+    import subprocess
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = data_file("").parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["scikit-build"]
+    assert "bertfast" in config["wheel"]["packages"]
+    assert not config["wheel"].get("exclude")
+    for name in ("accuracy_corpus.txt", "accuracy_queries.txt"):
+        rel = f"bertfast/data/{name}"
+        try:
+            ignored = subprocess.run(["git", "check-ignore", "-q", rel], cwd=root).returncode
+        except OSError:
+            pytest.skip("git is not installed")
+        assert ignored != 0, f"{rel} is git-ignored: it would not ship"

@@ -360,6 +360,11 @@ def _floor(name: str, stat: str) -> str:
     return f" (≥ {floor})" if floor is not None else ""
 
 
+def _cell(text: str) -> str:
+    """Text for a Markdown table cell (no pipes, no line breaks)."""
+    return " ".join(str(text).replace("|", "\\|").split())
+
+
 def format_markdown(report: dict) -> str:
     """The report as a Markdown table plus its header lines."""
     c = report["corpus"]
@@ -371,12 +376,13 @@ def format_markdown(report: dict) -> str:
         f"Model {report['model_name']}, "
         f"{report['threads']} threads.",
         "",
-        "| variant | min cosine | mean cosine | top-10 overlap (mean) | worst query | seconds |",
-        "|---|---|---|---|---|---|",
+        f"| variant | min cosine | mean cosine | top-{report['top_k']} overlap, mean "
+        "| worst query's overlap | lowest-cosine text | wall s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for v in report["variants"]:
         if v["status"] != "ok":
-            lines.append(f"| {v['name']} | {v['status']}: {v['reason']} | | | | |")
+            lines.append(f"| {v['name']} | {v['status']}: {_cell(v['reason'])} | | | | | |")
             continue
         n = v["name"]
         digits = 7 if n == "transformers-fp32" else 6
@@ -384,7 +390,7 @@ def format_markdown(report: dict) -> str:
             f"| {n} | {v['min_cosine']:.{digits}f}{_floor(n, 'min_cosine')} "
             f"| {v['mean_cosine']:.{digits}f}{_floor(n, 'mean_cosine')} "
             f"| {v['retrieval_overlap']:.3f}{_floor(n, 'retrieval_overlap')} "
-            f"| {v['min_query_overlap']:.1f} | {v['seconds']:.1f} |"
+            f"| {v['min_query_overlap']:.1f} | {_cell(v['worst_text'][:48])} | {v['seconds']:.1f} |"
         )
     failures = contract_failures(report)
     lines.append("")
