@@ -75,6 +75,26 @@ def test_reference_matches_sentence_transformers(texts, reference):
     assert float(cos.min()) >= acc.REFERENCE_MIN_COSINE, (float(cos.min()), corpus[worst][:80])
 
 
+@needs_minilm
+def test_queries_find_the_sentences_they_paraphrase(texts, reference):
+    """The retrieval check is meaningful: under fp32, each query's top-10 holds the
+    corpus sentence it paraphrases (the generator's pairs)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "make_accuracy_corpus", acc.data_file("make_accuracy_corpus.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    corpus, queries = texts
+    _, ref, ref_q = reference
+    assert [q for _, q in module.PAIRS] == queries
+    source = torch.tensor([corpus.index(sentence) for sentence, _ in module.PAIRS])
+    top = (ref_q @ ref.T).topk(acc.TOP_K, dim=-1).indices
+    found = (top == source[:, None]).any(dim=-1).float().mean()
+    assert float(found) >= 0.95
+
+
 # ---------------------------------------------------------------- the contract
 @needs_minilm
 def test_bf16_contract(texts, reference):
@@ -154,14 +174,25 @@ def test_cli_writes_table_and_json(tmp_path, capsys, monkeypatch):
     corpus, queries = acc.load_corpus()[:40], acc.load_queries()[:12]
     monkeypatch.setattr(acc, "load_corpus", lambda: corpus)
     monkeypatch.setattr(acc, "load_queries", lambda: queries)
+    # a peer that cannot run is a row with its reason, the others still run
+    real = acc.variant_encoder
+
+    def encoder(name, *args, **kwargs):
+        if name in acc.INT8_PEERS:
+            raise acc.Unavailable(f"{name} is not installed (test)")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(acc, "variant_encoder", encoder)
     ckpt = tiny_embedder.make_checkpoint(tmp_path / "tiny")
     out = tmp_path / "acc.json"
     argv = ["accuracy", "--model", str(ckpt), "--dtype", "bf16", "--no-reference-check"]
-    code = main([*argv, "--json", str(out)])
+    code = main([*argv, "--peers", "--json", str(out)])
     assert code == 0
     table = capsys.readouterr().out
     report = json.loads(out.read_text())
-    (row,) = report["variants"]
+    row, *peers = report["variants"]
     assert row["name"] == "bertfast-bf16" and row["status"] == "ok"
+    assert [(p["name"], p["status"]) for p in peers] == [(n, "skipped") for n in acc.INT8_PEERS]
+    assert "| ctranslate2-int8 | skipped: ctranslate2-int8 is not installed (test)" in table
     assert report["corpus"]["texts"] == 40 and report["corpus"]["queries"] == 12
     assert f"| bertfast-bf16 | {row['min_cosine']:.6f}" in table
