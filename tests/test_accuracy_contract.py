@@ -145,6 +145,8 @@ def test_contract_failures_reads_the_floors():
     }
     bad = acc.contract_failures(report)
     assert len(bad) == 2, bad
+    report["variants"][3]["status"] = "failed"
+    assert acc.contract_failures(report)[0] == "ctranslate2-int8 failed: not installed"
     assert bad[0].startswith("bertfast-bf16 min_cosine")
     assert "onnxruntime-int8" in bad[1] and "mean_cosine" in bad[1]
 
