@@ -18,13 +18,27 @@
 //   p = exp(s - m_new), l = l * alpha + sum p, o = o * alpha + p V
 //   (micro-kernels over 2 vectors of keys / head dims x ROWS rows, accumulators in
 //   registers; AVX-512 or AVX2 variant chosen at run time, see below)
+//
+// bf16 storage on a CPU with AVX512-BF16 takes a third path (attention_task_bf16):
+// Q K^T and P V on vdpbf16ps (bf16 products, exact in fp32, summed in fp32), the
+// operands kept in bf16 in scratch, laid out in pairs along the reduction
+// dimension as the instruction reads them. The scale is applied to the fp32
+// scores, the softmax statistics (max, sum) are fp32, and P is rounded to bf16
+// (round to nearest even, relative error <= 2^-9) before P V; the row sum l is
+// taken over the rounded P, so the weights applied to V sum to 1 in fp32.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/common.h"
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define BF_X86 1
+#endif
 
 namespace bertfast {
 namespace cpu {
@@ -75,7 +89,72 @@ struct Task {
 struct Scratch {
   std::vector<int64_t> keys, qrows;
   std::vector<float> kt, vbuf, qbuf, obuf, sbuf;
+  // bf16 path: 32-bit words, each a pair of bf16 along the reduction dimension
+  std::vector<uint32_t> kt2, v2, q2;
+  std::vector<uint16_t> p16;  // P rows in bf16, read as pairs
 };
+
+// The keys and query rows a task works on: the sequence's real keys, and its real
+// query rows in [q0, q0 + BLOCK_M) (the others are written as zeros here: padded
+// query rows, or every row when no key is real). Returns false when no row is left.
+template <typename T>
+bool select_rows(const Sequence& sq, int64_t q0, T* obase, int64_t hidden, int64_t d, Scratch& sc) {
+  const int64_t q1 = std::min(q0 + BLOCK_M, sq.len);
+  const T zero = from_f32<T>(0.0f);
+  sc.keys.clear();
+  for (int64_t j = 0; j < sq.len; ++j)
+    if (!sq.mask || sq.mask[j]) sc.keys.push_back(j);
+  const bool any_key = !sc.keys.empty();
+  sc.qrows.clear();
+  for (int64_t i = q0; i < q1; ++i) {
+    if (any_key && (!sq.mask || sq.mask[i])) {
+      sc.qrows.push_back(i);
+    } else {
+      T* o = obase + i * hidden;
+      for (int64_t dd = 0; dd < d; ++dd) o[dd] = zero;
+    }
+  }
+  return !sc.qrows.empty();
+}
+
+// One row of an online-softmax step, shared by both paths. sr holds BLOCK_N fp32
+// scores (those past the block's real keys already -inf). Writes p = exp(s - m_new)
+// (over sr, or with kBf16 rounded to bf16 into pb, and summed as rounded), updates
+// the running max m and sum l, and returns alpha = exp(m_old - m_new).
+//
+// Non-finite scores propagate as in torch's softmax, with nothing added to the
+// loops: fast_exp(NaN) is NaN, so a NaN score (NaN in q, k or scale) makes its p,
+// the row sum and the row NaN whatever the max reduction did with it; a +inf
+// score gives p = exp(inf - inf) = NaN. While every score so far is -inf, the
+// offset is 0 instead of -inf (exp(-inf - -inf) would be NaN): those keys get
+// p = 0, and a row whose real scores are all -inf ends with l = 0 and is written
+// as p V = 0 (torch's SDPA: zeros; NaN still where V holds inf or NaN, as 0 * inf
+// in torch).
+template <bool kBf16>
+BF_INLINE float softmax_step(float* BF_RESTRICT sr, uint16_t* BF_RESTRICT pb, float& m, float& l) {
+  float mx = -std::numeric_limits<float>::infinity();
+  BF_SIMD_REDUCE_MAX(mx)
+  for (int64_t j = 0; j < BLOCK_N; ++j) mx = fmax_(mx, sr[j]);
+  const float m_new = fmax_(m, mx);
+  const float m_off = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
+  const float alpha = fast_exp(m - m_off);  // exp(-inf) == 0 on the first block
+  float sum = 0.0f;
+  BF_SIMD_REDUCE_ADD(sum)
+  for (int64_t j = 0; j < BLOCK_N; ++j) {
+    const float p = fast_exp(sr[j] - m_off);
+    if constexpr (kBf16) {
+      const uint16_t bits = from_f32<bf16>(p).bits;
+      pb[j] = bits;
+      sum += bits_to_f32(static_cast<uint32_t>(bits) << 16);
+    } else {
+      sr[j] = p;
+      sum += p;
+    }
+  }
+  l = l * alpha + sum;
+  m = m_new;
+  return alpha;
+}
 
 // s[r][j] = sum_dd q[r][dd] * kt[dd][j] for r < ROWS, j < nkeys rounded up to 2 VL
 // (nkeys <= BLOCK_N; s[r][j] beyond that is left as it was).
@@ -137,27 +216,13 @@ BF_INLINE void attention_task(T* out, const T* qkv, const Sequence& sq, int64_t 
   const int64_t d = hidden / num_heads;
   const int64_t dpad = (d + 2 * VL - 1) / (2 * VL) * (2 * VL);
   const int64_t ld = 3 * hidden;
-  const T zero = from_f32<T>(0.0f);
-  const int64_t q1 = std::min(q0 + BLOCK_M, sq.len);
   const T* base = qkv + sq.token0 * ld;
   T* obase = out + sq.token0 * hidden + h * d;
 
-  std::vector<int64_t>& keys = sc.keys;
-  std::vector<int64_t>& qrows = sc.qrows;
-  keys.clear();
-  for (int64_t j = 0; j < sq.len; ++j)
-    if (!sq.mask || sq.mask[j]) keys.push_back(j);
+  if (!select_rows(sq, q0, obase, hidden, d, sc)) return;
+  const std::vector<int64_t>& keys = sc.keys;
+  const std::vector<int64_t>& qrows = sc.qrows;
   const int64_t nk = static_cast<int64_t>(keys.size());
-  qrows.clear();
-  for (int64_t i = q0; i < q1; ++i) {
-    if (nk > 0 && (!sq.mask || sq.mask[i])) {
-      qrows.push_back(i);
-    } else {
-      T* o = obase + i * hidden;  // padded query row (or no key at all): zeros
-      for (int64_t dd = 0; dd < d; ++dd) o[dd] = zero;
-    }
-  }
-  if (qrows.empty()) return;
 
   // K^T and V of this head's real keys, fp32, zero-padded.
   const int64_t nkp = (nk + BLOCK_N - 1) / BLOCK_N * BLOCK_N;
@@ -210,30 +275,7 @@ BF_INLINE void attention_task(T* out, const T* qkv, const Sequence& sq, int64_t 
       for (int r = 0; r < ROWS; ++r) {
         float* BF_RESTRICT sr = sp + r * BLOCK_N;
         for (int64_t j = valid; j < BLOCK_N; ++j) sr[j] = -std::numeric_limits<float>::infinity();
-        float mx = -std::numeric_limits<float>::infinity();
-        BF_SIMD_REDUCE_MAX(mx)
-        for (int64_t j = 0; j < BLOCK_N; ++j) mx = fmax_(mx, sr[j]);
-        const float m_new = fmax_(m[r], mx);
-        // Non-finite scores propagate as in torch's softmax, with nothing added to
-        // the loops: fast_exp(NaN) is NaN, so a NaN score (NaN in q, k or scale)
-        // makes its p, the row sum and the row NaN whatever the max reduction did
-        // with it; a +inf score gives p = exp(inf - inf) = NaN. While every score
-        // so far is -inf, the offset is 0 instead of -inf (exp(-inf - -inf) would
-        // be NaN): those keys get p = 0, and a row whose real scores are all -inf
-        // ends with l = 0 and is written as p V = 0 (torch's SDPA: zeros; NaN
-        // still where V holds inf or NaN, as 0 * inf in torch).
-        const float m_off = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
-        const float alpha = fast_exp(m[r] - m_off);  // exp(-inf) == 0 on the first block
-        float sum = 0.0f;
-        BF_SIMD_REDUCE_ADD(sum)
-        for (int64_t j = 0; j < BLOCK_N; ++j) {
-          float p = fast_exp(sr[j] - m_off);
-          sr[j] = p;
-          sum += p;
-        }
-        l[r] = l[r] * alpha + sum;
-        m[r] = m_new;
-        alphas[r] = alpha;
+        alphas[r] = softmax_step<false>(sr, nullptr, m[r], l[r]);
       }
       pv_tile<V, VL, ROWS>(sp, vp + kb * dpad, dpad, valid, alphas, op);
     }
@@ -245,6 +287,189 @@ BF_INLINE void attention_task(T* out, const T* qkv, const Sequence& sq, int64_t 
     }
   }
 }
+
+#ifdef BF_X86
+// ------------------------------------------------------------------ bf16 path
+// vdpbf16ps: acc[i] += a[2i] * b[2i] + a[2i+1] * b[2i+1] (16 fp32 lanes, bf16 pairs).
+// Layouts, in 32-bit words each holding a bf16 pair along the reduction dimension
+// (dp = ceil(d / 2) pairs of head dims; an odd head_dim is padded with a zero):
+//   q2 [ROWS][dp]                       (q[2p], q[2p + 1])
+//   kt2 [key blocks][dp][BLOCK_N]       (k[j][2p], k[j][2p + 1])  one key per word
+//   v2 [key pairs][dpad]                (v[2i][dd], v[2i + 1][dd])
+//   p16 [ROWS][BLOCK_N] bf16, read as words (p[2i], p[2i + 1])
+// so each micro-kernel step broadcasts one word of Q (or P) per row against 16 words
+// of K (or V). Keys past the real ones are zero in kt2 / v2 and get p = 0.
+#define BF_BF16_TARGET __attribute__((target("arch=x86-64-v4,avx512bf16,prefer-vector-width=512")))
+
+BF_INLINE uint32_t load_u32(const uint16_t* p) {
+  uint32_t w;
+  std::memcpy(&w, p, sizeof(w));
+  return w;
+}
+
+constexpr int BF16_ROWS = 8;  // query rows per micro-tile: 8 x 2 zmm accumulators
+
+BF_BF16_TARGET BF_INLINE __m512 dot_bf16(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+// s[r][j] = scale * sum_p q2[r][p] . kt2[p][j] for r < ROWS, j < nkeys rounded up to 32.
+template <int ROWS>
+BF_BF16_TARGET BF_INLINE void score_tile_bf16(const uint32_t* BF_RESTRICT q2,
+                                              const uint32_t* BF_RESTRICT kt2, int64_t dp,
+                                              int64_t nkeys, float scale, float* BF_RESTRICT s) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t jc = 0; jc < nkeys; jc += 32) {
+    __m512 acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const uint32_t* BF_RESTRICT k = kt2 + jc;
+    for (int64_t p = 0; p < dp; ++p, k += BLOCK_N) {
+      const __m512i k0 = _mm512_loadu_si512(k);
+      const __m512i k1 = _mm512_loadu_si512(k + 16);
+      for (int r = 0; r < ROWS; ++r) {
+        const __m512i qv = _mm512_set1_epi32(static_cast<int>(q2[r * dp + p]));
+        acc[r][0] = dot_bf16(acc[r][0], qv, k0);
+        acc[r][1] = dot_bf16(acc[r][1], qv, k1);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      _mm512_storeu_ps(s + r * BLOCK_N + jc, _mm512_mul_ps(acc[r][0], vscale));
+      _mm512_storeu_ps(s + r * BLOCK_N + jc + 16, _mm512_mul_ps(acc[r][1], vscale));
+    }
+  }
+}
+
+// o[r][dd] = o[r][dd] * alpha[r] + sum_i p[r][2i..2i+1] . v2[i][dd] for key pairs i < npairs.
+template <int ROWS>
+BF_BF16_TARGET BF_INLINE void pv_tile_bf16(const uint16_t* BF_RESTRICT p16,
+                                           const uint32_t* BF_RESTRICT v2, int64_t dpad,
+                                           int64_t npairs, const float* BF_RESTRICT alpha,
+                                           float* BF_RESTRICT o) {
+  for (int64_t dc = 0; dc < dpad; dc += 32) {
+    __m512 acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 a = _mm512_set1_ps(alpha[r]);
+      acc[r][0] = _mm512_mul_ps(_mm512_loadu_ps(o + r * dpad + dc), a);
+      acc[r][1] = _mm512_mul_ps(_mm512_loadu_ps(o + r * dpad + dc + 16), a);
+    }
+    const uint32_t* BF_RESTRICT vr = v2 + dc;
+    for (int64_t i = 0; i < npairs; ++i, vr += dpad) {
+      const __m512i v0 = _mm512_loadu_si512(vr);
+      const __m512i v1 = _mm512_loadu_si512(vr + 16);
+      for (int r = 0; r < ROWS; ++r) {
+        const __m512i pv = _mm512_set1_epi32(static_cast<int>(load_u32(p16 + r * BLOCK_N + 2 * i)));
+        acc[r][0] = dot_bf16(acc[r][0], pv, v0);
+        acc[r][1] = dot_bf16(acc[r][1], pv, v1);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      _mm512_storeu_ps(o + r * dpad + dc, acc[r][0]);
+      _mm512_storeu_ps(o + r * dpad + dc + 16, acc[r][1]);
+    }
+  }
+}
+
+// One task of the bf16 path (bf16 storage, AVX512-BF16): as attention_task.
+BF_BF16_TARGET __attribute__((noinline)) void task_avx512_bf16(bf16* out, const bf16* qkv,
+                                                               const Sequence& sq, int64_t h,
+                                                               int64_t q0, int64_t num_heads,
+                                                               int64_t hidden, float scale,
+                                                               Scratch& sc) {
+  constexpr int ROWS = BF16_ROWS;
+  const int64_t d = hidden / num_heads;
+  const int64_t dp = (d + 1) / 2;
+  const int64_t dpad = (d + 31) / 32 * 32;
+  const int64_t ld = 3 * hidden;
+  const uint16_t* base = reinterpret_cast<const uint16_t*>(qkv) + sq.token0 * ld;
+  bf16* obase = out + sq.token0 * hidden + h * d;
+
+  if (!select_rows(sq, q0, obase, hidden, d, sc)) return;
+  const std::vector<int64_t>& keys = sc.keys;
+  const std::vector<int64_t>& qrows = sc.qrows;
+  const int64_t nk = static_cast<int64_t>(keys.size());
+
+  const int64_t nkp = (nk + BLOCK_N - 1) / BLOCK_N * BLOCK_N;
+  if (static_cast<int64_t>(sc.kt2.size()) < dp * nkp) sc.kt2.resize(dp * nkp);
+  if (static_cast<int64_t>(sc.v2.size()) < nkp / 2 * dpad) sc.v2.resize(nkp / 2 * dpad);
+  if (static_cast<int64_t>(sc.q2.size()) < ROWS * dp) sc.q2.resize(ROWS * dp);
+  if (static_cast<int64_t>(sc.p16.size()) < ROWS * BLOCK_N) sc.p16.resize(ROWS * BLOCK_N);
+  if (static_cast<int64_t>(sc.obuf.size()) < ROWS * dpad) sc.obuf.resize(ROWS * dpad);
+  if (static_cast<int64_t>(sc.sbuf.size()) < ROWS * BLOCK_N) sc.sbuf.resize(ROWS * BLOCK_N);
+  uint32_t* BF_RESTRICT kt2 = sc.kt2.data();
+  uint32_t* BF_RESTRICT v2 = sc.v2.data();
+
+  // K: word (p, j) of block kb = the pair (k[j][2p], k[j][2p + 1]), a plain 32-bit
+  // copy of the key row's words.
+  for (int64_t jj = 0; jj < nkp; ++jj) {
+    uint32_t* BF_RESTRICT kcol = kt2 + (jj / BLOCK_N) * dp * BLOCK_N + (jj % BLOCK_N);
+    if (jj < nk) {
+      const uint16_t* krow = base + keys[jj] * ld + hidden + h * d;
+      for (int64_t p = 0; p < d / 2; ++p) kcol[p * BLOCK_N] = load_u32(krow + 2 * p);
+      if (d & 1) kcol[(dp - 1) * BLOCK_N] = krow[d - 1];
+    } else {
+      for (int64_t p = 0; p < dp; ++p) kcol[p * BLOCK_N] = 0;
+    }
+  }
+  // V: word (i, dd) = the pair (v[2i][dd], v[2i + 1][dd]): two key rows interleaved,
+  // 32 head dims per step (a missing second key, or head dims past d, read as zero).
+  const __m512i lo_idx =
+      _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+  for (int64_t i = 0; i < nkp / 2; ++i) {
+    uint32_t* BF_RESTRICT vr = v2 + i * dpad;
+    const uint16_t* va = 2 * i < nk ? base + keys[2 * i] * ld + 2 * hidden + h * d : nullptr;
+    const uint16_t* vb =
+        2 * i + 1 < nk ? base + keys[2 * i + 1] * ld + 2 * hidden + h * d : nullptr;
+    for (int64_t dc = 0; dc < dpad; dc += 32) {
+      const __mmask32 m = dc + 32 <= d ? ~__mmask32(0)
+                          : dc < d     ? (__mmask32(1) << (d - dc)) - 1
+                                       : 0;
+      const __m512i a = va ? _mm512_maskz_loadu_epi16(m, va + dc) : _mm512_setzero_si512();
+      const __m512i b = vb ? _mm512_maskz_loadu_epi16(m, vb + dc) : _mm512_setzero_si512();
+      _mm512_storeu_si512(vr + dc, _mm512_permutex2var_epi16(a, lo_idx, b));
+      _mm512_storeu_si512(vr + dc + 16, _mm512_permutex2var_epi16(a, hi_idx, b));
+    }
+  }
+
+  float m[ROWS], l[ROWS], alphas[ROWS];
+  const int64_t nq = static_cast<int64_t>(qrows.size());
+  for (int64_t g = 0; g < nq; g += ROWS) {
+    const int nr = static_cast<int>(std::min<int64_t>(ROWS, nq - g));
+    uint32_t* BF_RESTRICT q2 = sc.q2.data();
+    uint16_t* BF_RESTRICT p16 = sc.p16.data();
+    float* BF_RESTRICT op = sc.obuf.data();
+    float* BF_RESTRICT sp = sc.sbuf.data();
+    std::fill(q2, q2 + ROWS * dp, 0u);
+    std::fill(op, op + ROWS * dpad, 0.0f);
+    for (int r = 0; r < nr; ++r) {
+      const uint16_t* qrow = base + qrows[g + r] * ld + h * d;
+      for (int64_t p = 0; p < d / 2; ++p) q2[r * dp + p] = load_u32(qrow + 2 * p);
+      if (d & 1) q2[r * dp + dp - 1] = qrow[d - 1];
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      m[r] = -std::numeric_limits<float>::infinity();
+      l[r] = 0.0f;
+    }
+    for (int64_t kb = 0; kb < nkp; kb += BLOCK_N) {
+      const int64_t valid = std::min<int64_t>(BLOCK_N, nk - kb);
+      score_tile_bf16<ROWS>(q2, kt2 + kb * dp, dp, valid, scale, sp);
+      for (int r = 0; r < ROWS; ++r) {
+        float* BF_RESTRICT sr = sp + r * BLOCK_N;
+        for (int64_t j = valid; j < BLOCK_N; ++j) sr[j] = -std::numeric_limits<float>::infinity();
+        alphas[r] = softmax_step<true>(sr, p16 + r * BLOCK_N, m[r], l[r]);
+      }
+      pv_tile_bf16<ROWS>(p16, v2 + kb / 2 * dpad, dpad, (valid + 1) / 2, alphas, op);
+    }
+    for (int r = 0; r < nr; ++r) {
+      const float inv = l[r] == 0.0f ? 1.0f : 1.0f / l[r];  // l == 0: all scores -inf
+      bf16* o = obase + qrows[g + r] * hidden;
+      const float* BF_RESTRICT orow = op + r * dpad;
+      for (int64_t dd = 0; dd < d; ++dd) o[dd] = from_f32<bf16>(orow[dd] * inv);
+    }
+  }
+}
+#endif  // BF_X86
 
 // Per-task entry points, one per instruction set. The OpenMP loop stays outside
 // them (an outlined parallel region would not inherit the target attribute).
@@ -263,17 +488,45 @@ __attribute__((noinline)) void task_avx2(T* out, const T* qkv, const Sequence& s
   attention_task<T, v8f, 8, 4>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
 }
 
-// BERTFAST_CPU_ATTENTION_ISA=avx2 forces the AVX2 micro-kernels on an AVX-512
-// machine (tests cover both paths); read per call, so a test can set it in-process.
-bool use_avx512() {
-#if defined(__GNUC__) && defined(__x86_64__)
-  const char* isa = std::getenv("BERTFAST_CPU_ATTENTION_ISA");
-  if (isa && std::strcmp(isa, "avx2") == 0) return false;
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+// The micro-kernels a call runs on, best first. BERTFAST_CPU_ATTENTION_ISA forces a
+// lesser one (tests cover every path on one machine): "avx512" = AVX-512 without
+// the bf16 dot products (bf16 storage then runs the fp32-math kernel), "avx2" =
+// the AVX2 baseline. Read per call, so a test can set it in-process.
+enum class Isa { kAvx2, kAvx512, kAvx512Bf16 };
+
+Isa attention_isa() {
+#if defined(BF_X86)
+  const char* env = std::getenv("BERTFAST_CPU_ATTENTION_ISA");
+  const Isa cap = env && std::strcmp(env, "avx2") == 0     ? Isa::kAvx2
+                  : env && std::strcmp(env, "avx512") == 0 ? Isa::kAvx512
+                                                           : Isa::kAvx512Bf16;
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+  if (!avx512 || cap == Isa::kAvx2) return Isa::kAvx2;
+  if (cap == Isa::kAvx512 || !__builtin_cpu_supports("avx512bf16")) return Isa::kAvx512;
+  return Isa::kAvx512Bf16;
 #else
-  return false;
+  return Isa::kAvx2;
 #endif
+}
+
+// One task on the chosen micro-kernels; the bf16 one only for bf16 storage.
+template <typename T>
+BF_INLINE void run_task(Isa isa, T* out, const T* qkv, const Sequence& sq, int64_t h, int64_t q0,
+                        int64_t num_heads, int64_t hidden, float scale, Scratch& sc) {
+#if defined(BF_X86)
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (isa == Isa::kAvx512Bf16) {
+      task_avx512_bf16(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+      return;
+    }
+  }
+#endif
+  if (isa != Isa::kAvx2) {
+    task_avx512<T>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+  } else {
+    task_avx2<T>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+  }
 }
 
 template <typename T>
@@ -291,7 +544,7 @@ void attention_impl(T* out, const T* qkv, const std::vector<Sequence>& seqs, int
   if (ntasks == 0) return;
   int nt = threads_for(work, 1 << 16, num_threads);
   nt = static_cast<int>(std::min<int64_t>(nt, ntasks));
-  const bool avx512 = use_avx512();
+  const Isa isa = attention_isa();
 
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp parallel num_threads(nt)
@@ -303,11 +556,7 @@ void attention_impl(T* out, const T* qkv, const std::vector<Sequence>& seqs, int
 #endif
     for (int64_t t = 0; t < ntasks; ++t) {
       const Sequence& sq = seqs[tasks[t].seq];
-      if (avx512) {
-        task_avx512<T>(out, qkv, sq, tasks[t].head, tasks[t].q0, num_heads, hidden, scale, sc);
-      } else {
-        task_avx2<T>(out, qkv, sq, tasks[t].head, tasks[t].q0, num_heads, hidden, scale, sc);
-      }
+      run_task<T>(isa, out, qkv, sq, tasks[t].head, tasks[t].q0, num_heads, hidden, scale, sc);
     }
   }
 }
