@@ -85,14 +85,18 @@ def low_precision_paths(flags: list[str] | None = None) -> dict[str, str]:
     default): ``bf16_attention``, ``bf16_gemm``, ``int8``, each a short description.
 
     The C++ attention picks its micro-kernels from the same facts at run time
-    (``__builtin_cpu_supports``; ``BERTFAST_CPU_ATTENTION_ISA=avx512`` or ``avx2``
-    forces a lesser path, and is honoured here too)."""
+    (``__builtin_cpu_supports`` / cpuid; ``BERTFAST_CPU_ATTENTION_ISA=avx512bf16``,
+    ``avx512`` or ``avx2`` forces a lesser path, and is honoured here too)."""
     have = _flag_set(flags)
     native = native_dot_products(sorted(have))
     forced = os.environ.get("BERTFAST_CPU_ATTENTION_ISA", "").strip()
     avx512 = all(f in have for f in _AVX512) and forced != "avx2"
-    if avx512 and "avx512_bf16" in have and forced != "avx512":
-        attention = "vdpbf16ps (avx512_bf16): bf16 products, fp32 sums and softmax"
+    bf16_dot = avx512 and "avx512_bf16" in have and forced != "avx512"
+    if bf16_dot and "amx_bf16" in have and forced != "avx512bf16":
+        attention = "AMX tiles (amx_bf16): bf16 products, fp32 sums and softmax"
+    elif bf16_dot:
+        why = f"; BERTFAST_CPU_ATTENTION_ISA={forced}" if forced else ""
+        attention = f"vdpbf16ps (avx512_bf16{why}): bf16 products, fp32 sums and softmax"
     else:
         why = f"BERTFAST_CPU_ATTENTION_ISA={forced}" if forced else "no avx512_bf16"
         isa = "AVX-512" if avx512 else "AVX2"

@@ -31,7 +31,9 @@ def test_native_dot_products_from_flags():
 def test_low_precision_paths(monkeypatch):
     monkeypatch.delenv("BERTFAST_CPU_ATTENTION_ISA", raising=False)
     fast = info.low_precision_paths(SPR)
-    assert fast["bf16_attention"].startswith("vdpbf16ps")
+    assert fast["bf16_attention"].startswith("AMX")
+    no_amx = [f for f in SPR if f != "amx_bf16"]
+    assert info.low_precision_paths(no_amx)["bf16_attention"].startswith("vdpbf16ps")
     assert "AMX" in fast["bf16_gemm"]
     assert "avx512_vnni" in fast["int8"]
     slow = info.low_precision_paths(ZEN3)
@@ -39,6 +41,8 @@ def test_low_precision_paths(monkeypatch):
     assert "no avx512_bf16" in slow["bf16_attention"]
     assert "emulating" in slow["bf16_gemm"]
     assert "no VNNI" in slow["int8"]
+    monkeypatch.setenv("BERTFAST_CPU_ATTENTION_ISA", "avx512bf16")
+    assert info.low_precision_paths(SPR)["bf16_attention"].startswith("vdpbf16ps")
     monkeypatch.setenv("BERTFAST_CPU_ATTENTION_ISA", "avx512")
     forced = info.low_precision_paths(SPR)["bf16_attention"]
     assert "AVX-512" in forced and "BERTFAST_CPU_ATTENTION_ISA=avx512" in forced
@@ -80,7 +84,7 @@ def test_no_warning_when_not_needed(bert_folder, fresh_warning, monkeypatch):
     assert info._BF16_WARNED is False
 
 
-@pytest.mark.parametrize("isa", ["native", "avx512"])
+@pytest.mark.parametrize("isa", ["native", "avx512bf16", "avx512"])
 def test_bf16_model_matches_transformers(tmp_path, isa, monkeypatch):
     """A random BERT (heads of 32 and 64) in bf16 on the cpu backend against
     transformers in fp32: its error is at most twice that of transformers run in bf16

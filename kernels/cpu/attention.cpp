@@ -19,10 +19,11 @@
 //   (micro-kernels over 2 vectors of keys / head dims x ROWS rows, accumulators in
 //   registers; AVX-512 or AVX2 variant chosen at run time, see below)
 //
-// bf16 storage on a CPU with AVX512-BF16 takes a third path (attention_task_bf16):
-// Q K^T and P V on vdpbf16ps (bf16 products, exact in fp32, summed in fp32), the
-// operands kept in bf16 in scratch, laid out in pairs along the reduction
-// dimension as the instruction reads them. The scale is applied to the fp32
+// bf16 storage on a CPU with AVX512-BF16 takes a path of its own (bf16_task):
+// Q K^T and P V on AMX tiles (tdpbf16ps, where the CPU has amx_bf16 and Linux grants
+// the tile state) or else vdpbf16ps: bf16 products, exact in fp32, summed in fp32;
+// the operands kept in bf16 in scratch, laid out in pairs along the reduction
+// dimension as both instructions read them. The scale is applied to the fp32
 // scores, the softmax statistics (max, sum) are fp32, and P is rounded to bf16
 // (round to nearest even, relative error <= 2^-9) before P V; the row sum l is
 // taken over the rounded P, so the weights applied to V sum to 1 in fp32.
@@ -36,7 +37,10 @@
 #include "cpu/common.h"
 
 #if defined(__GNUC__) && defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #define BF_X86 1
 #endif
 
@@ -92,6 +96,7 @@ struct Scratch {
   // bf16 path: 32-bit words, each a pair of bf16 along the reduction dimension
   std::vector<uint32_t> kt2, v2, q2;
   std::vector<uint16_t> p16;  // P rows in bf16, read as pairs
+  std::vector<float> pvbuf;   // AMX: one key block's P V
 };
 
 // The keys and query rows a task works on: the sequence's real keys, and its real
@@ -369,16 +374,111 @@ BF_BF16_TARGET BF_INLINE void pv_tile_bf16(const uint16_t* BF_RESTRICT p16,
   }
 }
 
-// One task of the bf16 path (bf16 storage, AVX512-BF16): as attention_task.
-BF_BF16_TARGET __attribute__((noinline)) void task_avx512_bf16(bf16* out, const bf16* qkv,
-                                                               const Sequence& sq, int64_t h,
-                                                               int64_t q0, int64_t num_heads,
-                                                               int64_t hidden, float scale,
-                                                               Scratch& sc) {
-  constexpr int ROWS = BF16_ROWS;
+// ---- AMX (amx_bf16): the same layouts feed tile loads. A tile holds 16 rows of 64
+// bytes; tdpbf16ps C[16][16] += A[16][32 bf16] . B[16 pairs][16 x 2 bf16]:
+//   scores: A = 16 query rows x 32 head dims of q2, B = 16 pairs of head dims x 16 keys
+//           of kt2 (the head dims padded to 32 with zeros), C = 16 x 16 scores;
+//   P V:    A = 16 rows x 32 keys of P, B = 16 key pairs x 16 head dims of v2,
+//           C = 16 x 16 of this block's P V, added to o * alpha after (a tile cannot be
+//           rescaled in place).
+// Tiles: 0, 1 accumulators, 2 A, 3 and 4 B. Linux hands out the tile state only on
+// request (arch_prctl ARCH_REQ_XCOMP_PERM), once per process.
+#define BF_AMX_TARGET \
+  __attribute__((target("arch=x86-64-v4,avx512bf16,amx-tile,amx-bf16,prefer-vector-width=512")))
+
+struct TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+bool amx_available() {
+  static const bool ok = [] {
+    unsigned a, b, c, dx;
+    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    __cpuid_count(7, 0, a, b, c, dx);
+    const bool tile = (dx >> 24) & 1, amx_bf16 = (dx >> 22) & 1;
+    if (!tile || !amx_bf16 || !__builtin_cpu_supports("avx512bf16")) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+BF_AMX_TARGET __attribute__((noinline)) void amx_begin() {
+  TileConfig cfg = {};
+  cfg.palette = 1;
+  for (int t = 0; t < 5; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  // ldtilecfg by hand: GCC 12's _tile_loadconfig names only 8 bytes of the config as
+  // read, so the stores of the rest are dropped as dead.
+  asm volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+BF_AMX_TARGET __attribute__((noinline)) void amx_end() { _tile_release(); }
+
+// s[16][j] = scale * q2 . kt2 for keys j < nkeys rounded up to 32; dq = head dims
+// padded to 32 (q2 rows are dq / 2 words, kt2 has dq / 2 rows of BLOCK_N words).
+BF_AMX_TARGET __attribute__((noinline)) void amx_scores(const uint32_t* q2, const uint32_t* kt2,
+                                                        int64_t dq, int64_t nkeys, float scale,
+                                                        float* s) {
+  for (int64_t jc = 0; jc < nkeys; jc += 32) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t c = 0; c < dq; c += 32) {
+      _tile_loadd(2, q2 + c / 2, dq * 2);
+      _tile_loadd(3, kt2 + (c / 2) * BLOCK_N + jc, BLOCK_N * 4);
+      _tile_loadd(4, kt2 + (c / 2) * BLOCK_N + jc + 16, BLOCK_N * 4);
+      _tile_dpbf16ps(0, 2, 3);
+      _tile_dpbf16ps(1, 2, 4);
+    }
+    _tile_stored(0, s + jc, BLOCK_N * 4);
+    _tile_stored(1, s + jc + 16, BLOCK_N * 4);
+  }
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int r = 0; r < 16; ++r)
+    for (int64_t j = 0; j < nkeys; j += 16)
+      _mm512_storeu_ps(s + r * BLOCK_N + j,
+                       _mm512_mul_ps(_mm512_loadu_ps(s + r * BLOCK_N + j), vscale));
+}
+
+// o[16][dd] = o * alpha + p16 . v2 over keys < nkeys rounded up to 32 (P is 0 and v2
+// zero past the real keys); pv is [16][dpad] fp32 scratch.
+BF_AMX_TARGET __attribute__((noinline)) void amx_pv(const uint16_t* p16, const uint32_t* v2,
+                                                    int64_t dpad, int64_t nkeys, const float* alpha,
+                                                    float* pv, float* o) {
+  for (int64_t dc = 0; dc < dpad; dc += 32) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t kc = 0; kc < nkeys; kc += 32) {
+      _tile_loadd(2, p16 + kc, BLOCK_N * 2);
+      _tile_loadd(3, v2 + (kc / 2) * dpad + dc, dpad * 4);
+      _tile_loadd(4, v2 + (kc / 2) * dpad + dc + 16, dpad * 4);
+      _tile_dpbf16ps(0, 2, 3);
+      _tile_dpbf16ps(1, 2, 4);
+    }
+    _tile_stored(0, pv + dc, dpad * 4);
+    _tile_stored(1, pv + dc + 16, dpad * 4);
+  }
+  for (int r = 0; r < 16; ++r) {
+    const __m512 a = _mm512_set1_ps(alpha[r]);
+    for (int64_t dd = 0; dd < dpad; dd += 16)
+      _mm512_storeu_ps(o + r * dpad + dd, _mm512_fmadd_ps(_mm512_loadu_ps(o + r * dpad + dd), a,
+                                                          _mm512_loadu_ps(pv + r * dpad + dd)));
+  }
+}
+
+// One task of the bf16 path (bf16 storage, AVX512-BF16, with AMX tiles when kAmx):
+// as attention_task.
+template <int ROWS, bool kAmx>
+BF_BF16_TARGET BF_INLINE void bf16_task(bf16* out, const bf16* qkv, const Sequence& sq, int64_t h,
+                                        int64_t q0, int64_t num_heads, int64_t hidden, float scale,
+                                        Scratch& sc) {
   const int64_t d = hidden / num_heads;
-  const int64_t dp = (d + 1) / 2;
   const int64_t dpad = (d + 31) / 32 * 32;
+  const int64_t dp = kAmx ? dpad / 2 : (d + 1) / 2;  // words per Q row / K column
   const int64_t ld = 3 * hidden;
   const uint16_t* base = reinterpret_cast<const uint16_t*>(qkv) + sq.token0 * ld;
   bf16* obase = out + sq.token0 * hidden + h * d;
@@ -395,6 +495,7 @@ BF_BF16_TARGET __attribute__((noinline)) void task_avx512_bf16(bf16* out, const 
   if (static_cast<int64_t>(sc.p16.size()) < ROWS * BLOCK_N) sc.p16.resize(ROWS * BLOCK_N);
   if (static_cast<int64_t>(sc.obuf.size()) < ROWS * dpad) sc.obuf.resize(ROWS * dpad);
   if (static_cast<int64_t>(sc.sbuf.size()) < ROWS * BLOCK_N) sc.sbuf.resize(ROWS * BLOCK_N);
+  if (kAmx && static_cast<int64_t>(sc.pvbuf.size()) < ROWS * dpad) sc.pvbuf.resize(ROWS * dpad);
   uint32_t* BF_RESTRICT kt2 = sc.kt2.data();
   uint32_t* BF_RESTRICT v2 = sc.v2.data();
 
@@ -405,7 +506,8 @@ BF_BF16_TARGET __attribute__((noinline)) void task_avx512_bf16(bf16* out, const 
     if (jj < nk) {
       const uint16_t* krow = base + keys[jj] * ld + hidden + h * d;
       for (int64_t p = 0; p < d / 2; ++p) kcol[p * BLOCK_N] = load_u32(krow + 2 * p);
-      if (d & 1) kcol[(dp - 1) * BLOCK_N] = krow[d - 1];
+      if (d & 1) kcol[(d / 2) * BLOCK_N] = krow[d - 1];
+      for (int64_t p = (d + 1) / 2; p < dp; ++p) kcol[p * BLOCK_N] = 0;
     } else {
       for (int64_t p = 0; p < dp; ++p) kcol[p * BLOCK_N] = 0;
     }
@@ -445,7 +547,7 @@ BF_BF16_TARGET __attribute__((noinline)) void task_avx512_bf16(bf16* out, const 
     for (int r = 0; r < nr; ++r) {
       const uint16_t* qrow = base + qrows[g + r] * ld + h * d;
       for (int64_t p = 0; p < d / 2; ++p) q2[r * dp + p] = load_u32(qrow + 2 * p);
-      if (d & 1) q2[r * dp + dp - 1] = qrow[d - 1];
+      if (d & 1) q2[r * dp + d / 2] = qrow[d - 1];
     }
     for (int r = 0; r < ROWS; ++r) {
       m[r] = -std::numeric_limits<float>::infinity();
@@ -453,13 +555,21 @@ BF_BF16_TARGET __attribute__((noinline)) void task_avx512_bf16(bf16* out, const 
     }
     for (int64_t kb = 0; kb < nkp; kb += BLOCK_N) {
       const int64_t valid = std::min<int64_t>(BLOCK_N, nk - kb);
-      score_tile_bf16<ROWS>(q2, kt2 + kb * dp, dp, valid, scale, sp);
+      if constexpr (kAmx) {
+        amx_scores(q2, kt2 + kb * dp, dpad, valid, scale, sp);
+      } else {
+        score_tile_bf16<ROWS>(q2, kt2 + kb * dp, dp, valid, scale, sp);
+      }
       for (int r = 0; r < ROWS; ++r) {
         float* BF_RESTRICT sr = sp + r * BLOCK_N;
         for (int64_t j = valid; j < BLOCK_N; ++j) sr[j] = -std::numeric_limits<float>::infinity();
         alphas[r] = softmax_step<true>(sr, p16 + r * BLOCK_N, m[r], l[r]);
       }
-      pv_tile_bf16<ROWS>(p16, v2 + kb / 2 * dpad, dpad, (valid + 1) / 2, alphas, op);
+      if constexpr (kAmx) {
+        amx_pv(p16, v2 + kb / 2 * dpad, dpad, valid, alphas, sc.pvbuf.data(), op);
+      } else {
+        pv_tile_bf16<ROWS>(p16, v2 + kb / 2 * dpad, dpad, (valid + 1) / 2, alphas, op);
+      }
     }
     for (int r = 0; r < nr; ++r) {
       const float inv = l[r] == 0.0f ? 1.0f : 1.0f / l[r];  // l == 0: all scores -inf
@@ -468,6 +578,24 @@ BF_BF16_TARGET __attribute__((noinline)) void task_avx512_bf16(bf16* out, const 
       for (int64_t dd = 0; dd < d; ++dd) o[dd] = from_f32<bf16>(orow[dd] * inv);
     }
   }
+}
+
+BF_BF16_TARGET __attribute__((noinline)) void task_avx512_bf16(bf16* out, const bf16* qkv,
+                                                               const Sequence& sq, int64_t h,
+                                                               int64_t q0, int64_t num_heads,
+                                                               int64_t hidden, float scale,
+                                                               Scratch& sc) {
+  bf16_task<BF16_ROWS, false>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+}
+
+BF_BF16_TARGET __attribute__((noinline)) void task_amx_bf16(bf16* out, const bf16* qkv,
+                                                            const Sequence& sq, int64_t h,
+                                                            int64_t q0, int64_t num_heads,
+                                                            int64_t hidden, float scale,
+                                                            Scratch& sc) {
+  amx_begin();
+  bf16_task<16, true>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+  amx_end();
 }
 #endif  // BF_X86
 
@@ -489,33 +617,41 @@ __attribute__((noinline)) void task_avx2(T* out, const T* qkv, const Sequence& s
 }
 
 // The micro-kernels a call runs on, best first. BERTFAST_CPU_ATTENTION_ISA forces a
-// lesser one (tests cover every path on one machine): "avx512" = AVX-512 without
-// the bf16 dot products (bf16 storage then runs the fp32-math kernel), "avx2" =
-// the AVX2 baseline. Read per call, so a test can set it in-process.
-enum class Isa { kAvx2, kAvx512, kAvx512Bf16 };
+// lesser one (tests cover every path on one machine): "avx512bf16" = vdpbf16ps
+// without AMX tiles, "avx512" = AVX-512 without bf16 dot products (bf16 storage then
+// runs the fp32-math kernel), "avx2" = the AVX2 baseline. Read per call, so a test
+// can set it in-process. The bf16 paths serve bf16 storage only.
+enum class Isa { kAvx2, kAvx512, kAvx512Bf16, kAmxBf16 };
 
 Isa attention_isa() {
 #if defined(BF_X86)
   const char* env = std::getenv("BERTFAST_CPU_ATTENTION_ISA");
-  const Isa cap = env && std::strcmp(env, "avx2") == 0     ? Isa::kAvx2
-                  : env && std::strcmp(env, "avx512") == 0 ? Isa::kAvx512
-                                                           : Isa::kAvx512Bf16;
+  const auto is = [env](const char* name) { return env && std::strcmp(env, name) == 0; };
+  const Isa cap = is("avx2")         ? Isa::kAvx2
+                  : is("avx512")     ? Isa::kAvx512
+                  : is("avx512bf16") ? Isa::kAvx512Bf16
+                                     : Isa::kAmxBf16;
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
   if (!avx512 || cap == Isa::kAvx2) return Isa::kAvx2;
   if (cap == Isa::kAvx512 || !__builtin_cpu_supports("avx512bf16")) return Isa::kAvx512;
-  return Isa::kAvx512Bf16;
+  if (cap == Isa::kAvx512Bf16 || !amx_available()) return Isa::kAvx512Bf16;
+  return Isa::kAmxBf16;
 #else
   return Isa::kAvx2;
 #endif
 }
 
-// One task on the chosen micro-kernels; the bf16 one only for bf16 storage.
+// One task on the chosen micro-kernels.
 template <typename T>
 BF_INLINE void run_task(Isa isa, T* out, const T* qkv, const Sequence& sq, int64_t h, int64_t q0,
                         int64_t num_heads, int64_t hidden, float scale, Scratch& sc) {
 #if defined(BF_X86)
   if constexpr (std::is_same_v<T, bf16>) {
+    if (isa == Isa::kAmxBf16) {
+      task_amx_bf16(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+      return;
+    }
     if (isa == Isa::kAvx512Bf16) {
       task_avx512_bf16(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
       return;

@@ -31,9 +31,11 @@ from .test_nonfinite import (
 )
 
 HAS_BF16_DOT = "avx512_bf16" in native_dot_products()["bf16"]
+HAS_AMX = "amx_bf16" in native_dot_products()["bf16"]
 
-#: native: the best path this CPU has (vdpbf16ps where it has avx512_bf16)
-ISAS = ["native", "avx512", "avx2"]
+#: native: the best path this CPU has (AMX tiles where it has amx_bf16, else vdpbf16ps
+#: where it has avx512_bf16); avx512bf16: vdpbf16ps without AMX
+ISAS = ["native", "avx512bf16", "avx512", "avx2"]
 
 
 @pytest.fixture(params=ISAS)
@@ -106,21 +108,29 @@ def test_attention_bf16_varlen_matches_padded(isa):
 
 
 @pytest.mark.skipif(not HAS_BF16_DOT, reason="this CPU has no avx512_bf16")
-def test_bf16_dot_path_is_taken(monkeypatch):
-    """On an avx512_bf16 CPU the default path differs from the forced fp32-math one
-    (P is rounded to bf16 before P V), within the bf16 rule of each other: the
-    switch really selects another kernel."""
+def test_bf16_dot_paths_are_taken(monkeypatch):
+    """On an avx512_bf16 CPU the bf16 paths differ from the forced fp32-math one (P is
+    rounded to bf16 before P V), within the bf16 rule of each other: the switch really
+    selects another kernel; bertfast.info names the path taken."""
     torch.manual_seed(4)
     qkv = torch.randn(2, 100, 3 * 128).bfloat16()
-    monkeypatch.delenv("BERTFAST_CPU_ATTENTION_ISA", raising=False)
-    native = ops.attention(qkv, None, 2, 0.125, backend="cpu")
-    monkeypatch.setenv("BERTFAST_CPU_ATTENTION_ISA", "avx512")
-    fp32_math = ops.attention(qkv, None, 2, 0.125, backend="cpu")
-    assert not torch.equal(native, fp32_math)
-    assert (native.float() - fp32_math.float()).abs().max().item() < 3e-2
-    assert "BERTFAST_CPU_ATTENTION_ISA=avx512" in low_precision_paths()["bf16_attention"]
-    monkeypatch.delenv("BERTFAST_CPU_ATTENTION_ISA")
-    assert low_precision_paths()["bf16_attention"].startswith("vdpbf16ps")
+    runs = {}
+    for isa in ("native", "avx512bf16", "avx512"):
+        if isa == "native":
+            monkeypatch.delenv("BERTFAST_CPU_ATTENTION_ISA", raising=False)
+        else:
+            monkeypatch.setenv("BERTFAST_CPU_ATTENTION_ISA", isa)
+        runs[isa] = ops.attention(qkv, None, 2, 0.125, backend="cpu")
+        path = low_precision_paths()["bf16_attention"]
+        if isa == "avx512":
+            assert path.startswith("fp32 math") and "ISA=avx512" in path
+        elif isa == "avx512bf16" or not HAS_AMX:
+            assert path.startswith("vdpbf16ps")
+        else:
+            assert path.startswith("AMX")
+    for isa in ("native", "avx512bf16"):
+        assert not torch.equal(runs[isa], runs["avx512"])
+        assert (runs[isa].float() - runs["avx512"].float()).abs().max().item() < 3e-2
 
 
 @pytest.mark.parametrize("kind", KINDS)
