@@ -122,10 +122,10 @@ bool select_rows(const Sequence& sq, int64_t q0, T* obase, int64_t hidden, int64
   return !sc.qrows.empty();
 }
 
-// One row of an online-softmax step, shared by both paths. sr holds BLOCK_N fp32
-// scores (those past the block's real keys already -inf). Writes p = exp(s - m_new)
-// (over sr, or with kBf16 rounded to bf16 into pb, and summed as rounded), updates
-// the running max m and sum l, and returns alpha = exp(m_old - m_new).
+// One row of an online-softmax step, shared by all paths. sr holds BLOCK_N fp32
+// scores (those past the block's real keys already -inf); they are replaced by
+// p = exp(s - m_new). Updates the running max m (and with kSum the running sum l:
+// the bf16 paths sum P after rounding it) and returns alpha = exp(m_old - m_new).
 //
 // Non-finite scores propagate as in torch's softmax, with nothing added to the
 // loops: fast_exp(NaN) is NaN, so a NaN score (NaN in q, k or scale) makes its p,
@@ -135,28 +135,26 @@ bool select_rows(const Sequence& sq, int64_t q0, T* obase, int64_t hidden, int64
 // p = 0, and a row whose real scores are all -inf ends with l = 0 and is written
 // as p V = 0 (torch's SDPA: zeros; NaN still where V holds inf or NaN, as 0 * inf
 // in torch).
-template <bool kBf16>
-BF_INLINE float softmax_step(float* BF_RESTRICT sr, uint16_t* BF_RESTRICT pb, float& m, float& l) {
+template <bool kSum>
+BF_INLINE float softmax_step(float* BF_RESTRICT sr, float& m, float& l) {
   float mx = -std::numeric_limits<float>::infinity();
   BF_SIMD_REDUCE_MAX(mx)
   for (int64_t j = 0; j < BLOCK_N; ++j) mx = fmax_(mx, sr[j]);
   const float m_new = fmax_(m, mx);
   const float m_off = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
   const float alpha = fast_exp(m - m_off);  // exp(-inf) == 0 on the first block
-  float sum = 0.0f;
-  BF_SIMD_REDUCE_ADD(sum)
-  for (int64_t j = 0; j < BLOCK_N; ++j) {
-    const float p = fast_exp(sr[j] - m_off);
-    if constexpr (kBf16) {
-      const uint16_t bits = from_f32<bf16>(p).bits;
-      pb[j] = bits;
-      sum += bits_to_f32(static_cast<uint32_t>(bits) << 16);
-    } else {
+  if constexpr (kSum) {
+    float sum = 0.0f;
+    BF_SIMD_REDUCE_ADD(sum)
+    for (int64_t j = 0; j < BLOCK_N; ++j) {
+      const float p = fast_exp(sr[j] - m_off);
       sr[j] = p;
       sum += p;
     }
+    l = l * alpha + sum;
+  } else {
+    for (int64_t j = 0; j < BLOCK_N; ++j) sr[j] = fast_exp(sr[j] - m_off);
   }
-  l = l * alpha + sum;
   m = m_new;
   return alpha;
 }
@@ -280,7 +278,7 @@ BF_INLINE void attention_task(T* out, const T* qkv, const Sequence& sq, int64_t 
       for (int r = 0; r < ROWS; ++r) {
         float* BF_RESTRICT sr = sp + r * BLOCK_N;
         for (int64_t j = valid; j < BLOCK_N; ++j) sr[j] = -std::numeric_limits<float>::infinity();
-        alphas[r] = softmax_step<false>(sr, nullptr, m[r], l[r]);
+        alphas[r] = softmax_step<true>(sr, m[r], l[r]);
       }
       pv_tile<V, VL, ROWS>(sp, vp + kb * dpad, dpad, valid, alphas, op);
     }
@@ -305,6 +303,22 @@ BF_INLINE void attention_task(T* out, const T* qkv, const Sequence& sq, int64_t 
 // so each micro-kernel step broadcasts one word of Q (or P) per row against 16 words
 // of K (or V). Keys past the real ones are zero in kt2 / v2 and get p = 0.
 #define BF_BF16_TARGET __attribute__((target("arch=x86-64-v4,avx512bf16,prefer-vector-width=512")))
+
+// pb = p rounded to bf16 (nearest even; NaN stays NaN), BLOCK_N of them; returns the
+// sum of the rounded values.
+BF_BF16_TARGET BF_INLINE float round_bf16_sum(const float* BF_RESTRICT p,
+                                              uint16_t* BF_RESTRICT pb) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < BLOCK_N; j += 32) {
+    const __m512i r =
+        (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + j + 16), _mm512_loadu_ps(p + j));
+    _mm512_storeu_si512(pb + j, r);
+    // back to fp32: a bf16 is the high half of its float
+    acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)));
+    acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(-65536))));
+  }
+  return _mm512_reduce_add_ps(acc);
+}
 
 BF_INLINE uint32_t load_u32(const uint16_t* p) {
   uint32_t w;
@@ -563,7 +577,8 @@ BF_BF16_TARGET BF_INLINE void bf16_task(bf16* out, const bf16* qkv, const Sequen
       for (int r = 0; r < ROWS; ++r) {
         float* BF_RESTRICT sr = sp + r * BLOCK_N;
         for (int64_t j = valid; j < BLOCK_N; ++j) sr[j] = -std::numeric_limits<float>::infinity();
-        alphas[r] = softmax_step<true>(sr, p16 + r * BLOCK_N, m[r], l[r]);
+        alphas[r] = softmax_step<false>(sr, m[r], l[r]);
+        l[r] = l[r] * alphas[r] + round_bf16_sum(sr, p16 + r * BLOCK_N);
       }
       if constexpr (kAmx) {
         amx_pv(p16, v2 + kb / 2 * dpad, dpad, valid, alphas, sc.pvbuf.data(), op);
