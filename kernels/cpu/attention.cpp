@@ -39,9 +39,12 @@
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
+#define BF_X86 1
+#if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
-#define BF_X86 1
+#define BF_AMX_LINUX 1
+#endif
 #endif
 
 namespace bertfast {
@@ -320,6 +323,40 @@ BF_BF16_TARGET BF_INLINE float round_bf16_sum(const float* BF_RESTRICT p,
   return _mm512_reduce_add_ps(acc);
 }
 
+// Transposes 16 keys x 16 words (pairs of head dims) into 16 rows of 16 keys:
+// dst[p * BLOCK_N + i] = word p of key row i, for p < np (rows[i] == null: zeros;
+// words at or past nwords: zeros). 32-bit 16 x 16 transpose in four shuffle stages.
+BF_BF16_TARGET BF_INLINE void transpose_keys16(const uint16_t* const* rows, int64_t w0,
+                                               int64_t nwords, int64_t np, uint32_t* dst) {
+  const __mmask16 m = w0 + 16 <= nwords ? __mmask16(0xffff)
+                      : w0 < nwords     ? __mmask16((1u << (nwords - w0)) - 1)
+                                        : __mmask16(0);
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i)
+    r[i] = rows[i] ? _mm512_maskz_loadu_epi32(m, rows[i] + 2 * w0) : _mm512_setzero_si512();
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: a0 b0 a1 b1 | a2 b2 a3 b3
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // r[4i + k], lane L: column 4L + k of rows 4i..4i+3
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {  // 4 x 4 transpose of 128-bit lanes
+    const __m512i x0 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x44);
+    const __m512i x1 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xEE);
+    const __m512i x2 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x44);
+    const __m512i x3 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xEE);
+    t[k] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+    t[4 + k] = _mm512_shuffle_i32x4(x0, x2, 0xDD);
+    t[8 + k] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+    t[12 + k] = _mm512_shuffle_i32x4(x1, x3, 0xDD);
+  }
+  for (int p = 0; p < 16 && p < np; ++p) _mm512_storeu_si512(dst + p * BLOCK_N, t[p]);
+}
+
 BF_INLINE uint32_t load_u32(const uint16_t* p) {
   uint32_t w;
   std::memcpy(&w, p, sizeof(w));
@@ -406,7 +443,10 @@ struct TileConfig {
   uint8_t rows[16];
 };
 
+// Whether this process may use AMX bf16 tiles: the CPU has them and (Linux only; no
+// AMX elsewhere) the kernel grants the tile state to the process.
 bool amx_available() {
+#if defined(BF_AMX_LINUX)
   static const bool ok = [] {
     unsigned a, b, c, dx;
     if (__get_cpuid_max(0, nullptr) < 7) return false;
@@ -417,6 +457,9 @@ bool amx_available() {
     return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
   return ok;
+#else
+  return false;
+#endif
 }
 
 BF_AMX_TARGET __attribute__((noinline)) void amx_begin() {
@@ -513,17 +556,28 @@ BF_BF16_TARGET BF_INLINE void bf16_task(bf16* out, const bf16* qkv, const Sequen
   uint32_t* BF_RESTRICT kt2 = sc.kt2.data();
   uint32_t* BF_RESTRICT v2 = sc.v2.data();
 
-  // K: word (p, j) of block kb = the pair (k[j][2p], k[j][2p + 1]), a plain 32-bit
-  // copy of the key row's words.
-  for (int64_t jj = 0; jj < nkp; ++jj) {
-    uint32_t* BF_RESTRICT kcol = kt2 + (jj / BLOCK_N) * dp * BLOCK_N + (jj % BLOCK_N);
-    if (jj < nk) {
-      const uint16_t* krow = base + keys[jj] * ld + hidden + h * d;
-      for (int64_t p = 0; p < d / 2; ++p) kcol[p * BLOCK_N] = load_u32(krow + 2 * p);
-      if (d & 1) kcol[(d / 2) * BLOCK_N] = krow[d - 1];
-      for (int64_t p = (d + 1) / 2; p < dp; ++p) kcol[p * BLOCK_N] = 0;
-    } else {
-      for (int64_t p = 0; p < dp; ++p) kcol[p * BLOCK_N] = 0;
+  // K: word (p, j) of block kb = the pair (k[j][2p], k[j][2p + 1]): the key rows'
+  // words transposed, 16 keys x 16 words at a time (an odd head_dim word by word).
+  if (d % 2 == 0) {
+    const uint16_t* rows[16];
+    for (int64_t j0 = 0; j0 < nkp; j0 += 16) {
+      for (int i = 0; i < 16; ++i)
+        rows[i] = j0 + i < nk ? base + keys[j0 + i] * ld + hidden + h * d : nullptr;
+      uint32_t* blk = kt2 + (j0 / BLOCK_N) * dp * BLOCK_N + (j0 % BLOCK_N);
+      for (int64_t w0 = 0; w0 < dp; w0 += 16)
+        transpose_keys16(rows, w0, d / 2, dp - w0, blk + w0 * BLOCK_N);
+    }
+  } else {
+    for (int64_t jj = 0; jj < nkp; ++jj) {
+      uint32_t* BF_RESTRICT kcol = kt2 + (jj / BLOCK_N) * dp * BLOCK_N + (jj % BLOCK_N);
+      if (jj < nk) {
+        const uint16_t* krow = base + keys[jj] * ld + hidden + h * d;
+        for (int64_t p = 0; p < d / 2; ++p) kcol[p * BLOCK_N] = load_u32(krow + 2 * p);
+        kcol[(d / 2) * BLOCK_N] = krow[d - 1];
+        for (int64_t p = (d + 1) / 2; p < dp; ++p) kcol[p * BLOCK_N] = 0;
+      } else {
+        for (int64_t p = 0; p < dp; ++p) kcol[p * BLOCK_N] = 0;
+      }
     }
   }
   // V: word (i, dd) = the pair (v[2i][dd], v[2i + 1][dd]): two key rows interleaved,
