@@ -109,3 +109,24 @@ def test_bf16_model_matches_transformers(tmp_path, isa, monkeypatch):
         err = (out[real].float() - ref).abs().max().item()
         ref_err = (ref16 - ref).abs().max().item()
         assert err <= 2 * ref_err + 3e-2, (heads, err, ref_err)
+
+
+def test_info_names_native_dot_products(capsys, monkeypatch):
+    """``bertfast info`` (text and JSON) says what the CPU has and which paths run."""
+    import json
+
+    from bertfast.cli import main
+
+    real = info.cpu_info()
+    monkeypatch.setattr(info, "cpu_info", lambda: {**real, "flags": ZEN3})
+    monkeypatch.delenv("BERTFAST_CPU_ATTENTION_ISA", raising=False)
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "native bf16  : none (slow fallback)" in out
+    assert "native int8  : none (slow fallback)" in out
+    assert "bf16 attn    : fp32 math on bf16 storage (AVX2; no avx512_bf16)" in out
+    monkeypatch.setattr(info, "cpu_info", lambda: {**real, "flags": SPR})
+    assert main(["info", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["cpu"]["native_dot_products"]["bf16"] == ["avx512_bf16", "amx_bf16"]
+    assert data["cpu"]["low_precision_paths"]["bf16_attention"].startswith("AMX")
