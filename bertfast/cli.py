@@ -167,10 +167,12 @@ def cmd_info(args) -> int:
     import torch
 
     from . import __version__
-    from .info import backends, build_info, cpu_info
+    from .info import backends, build_info, cpu_info, low_precision_paths, native_dot_products
 
     build = build_info()
     cpu = cpu_info()
+    cpu["native_dot_products"] = native_dot_products(cpu["flags"])
+    cpu["low_precision_paths"] = low_precision_paths(cpu["flags"])
     status = backends()
     versions = {
         "bertfast": __version__,
@@ -210,6 +212,11 @@ def cmd_info(args) -> int:
         f"torch threads {torch.get_num_threads()}"
     )
     print(f"  SIMD flags   : {' '.join(cpu['flags'] or []) or 'unknown'}")
+    for kind, have in cpu["native_dot_products"].items():
+        print(f"  {'native ' + kind:<12} : {' '.join(have) if have else 'none (slow fallback)'}")
+    labels = {"bf16_attention": "bf16 attn", "bf16_gemm": "bf16 GEMM"}
+    for what, path in cpu["low_precision_paths"].items():
+        print(f"  {labels.get(what, what):<12} : {path}")
     print("native build (bertfast._C):")
     if not build.get("native"):
         print(f"  not available: {build.get('error')}")

@@ -42,6 +42,7 @@ from . import heads as H
 from . import ops
 from .checkpoint import encoder_weight_specs, load_checkpoint
 from .config import EncoderConfig
+from .info import warn_if_slow_bf16
 from .ops import cpu_weights as _cpu_weights
 from .outputs import EncoderOutput
 from .validate import checkpoint_folder, load_options
@@ -598,6 +599,7 @@ def from_pretrained(
     folder = checkpoint_folder(path)
     cfg, head, weights = load_checkpoint(folder, head=head, dtype=dtype, device=device)
     model = BertfastModel(cfg, weights, head=head, backend=backend, own_weights=True)
+    warn_if_slow_bf16(device, dtype)  # once per process, on a CPU without native bf16
     if cuda_graphs or (cuda_graphs is None and device.type == "cuda"):
         model.enable_cuda_graphs(cuda_graphs)
     return model

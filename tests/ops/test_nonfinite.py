@@ -6,8 +6,9 @@ values elsewhere. The reference runs in float64 (``bertfast.ops.reference``, the
 spec; torch's own fp32 vectorised GELU gives NaN for +inf where its scalar and
 float64 paths give +inf, so float64 is the torch answer taken here).
 
-The CPU attention has AVX-512 and AVX2 micro-kernels; ``BERTFAST_CPU_ATTENTION_ISA=avx2``
-forces the AVX2 ones, and every attention case runs both. Keys at masked positions
+The CPU attention has AMX and AVX512-BF16 kernels (bf16 storage), AVX-512 and AVX2
+ones; ``BERTFAST_CPU_ATTENTION_ISA=avx512bf16`` / ``avx512`` / ``avx2`` forces the
+lesser ones, and every attention case runs each. Keys at masked positions
 are never read (their content is not part of the input), so values are injected
 at real tokens only; sequences with no real token stay zeros.
 """
@@ -24,7 +25,7 @@ from .harness import HAS_CUDA, INTERPRETED, device_for, run_backend
 
 NAN, INF = float("nan"), float("inf")
 
-_BACKENDS = ["torch", "cpu", "cpu-avx2"]
+_BACKENDS = ["torch", "cpu", "cpu-avx512bf16", "cpu-avx512", "cpu-avx2"]
 if HAS_CUDA or INTERPRETED:
     _BACKENDS.append("triton")
 if HAS_CUDA:
@@ -34,8 +35,8 @@ if HAS_CUDA:
 @pytest.fixture(params=_BACKENDS)
 def backend(request, monkeypatch):
     name = request.param
-    if name == "cpu-avx2":
-        monkeypatch.setenv("BERTFAST_CPU_ATTENTION_ISA", "avx2")
+    if name in ("cpu-avx512bf16", "cpu-avx512", "cpu-avx2"):
+        monkeypatch.setenv("BERTFAST_CPU_ATTENTION_ISA", name[4:])
         return "cpu"
     return name
 
