@@ -45,6 +45,7 @@ counter). Two kinds of weight reach ``cpu.linear``:
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import torch
@@ -163,6 +164,8 @@ def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
     """The packed weight the GEMM should use for ``weight`` at ``rows`` rows, or
     None for torch's. Never cached: a plain weight is read at every call."""
     if isinstance(weight, PackedWeight):
+        if weight._panels is not None and (rows <= SMALL_ROWS or not weight._packed.is_mkldnn):
+            return weight._panels  # the C++ GEMM (on oneDNN's buffer at few rows)
         return weight._packed
     if (
         PACK_MIN_ROWS is not None
@@ -172,6 +175,30 @@ def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
     ):
         return pack(weight)
     return None
+
+
+#: Rows up to which a weight oneDNN holds in 64-wide panels runs on the C++ GEMM
+#: (it reads those panels in place: no second copy). Below ~128 rows the C++ GEMM
+#: is ahead of oneDNN (16x384x1152: 0.056 vs 0.077 ms), above it behind.
+SMALL_ROWS = 64
+
+#: oneDNN's fp32 inner-product weight layout on AVX-512: [N / 64][K][64] (``Ab64a``),
+#: i.e. the C++ GEMM's panels 64 wide. Checked on each weight at load (see
+#: ``PackedWeight.of``); another layout just runs oneDNN at every row count.
+_ONEDNN_PANEL = 64
+
+
+def _onednn_panels(packed: Tensor, N: int, K: int) -> Tensor | None:
+    """oneDNN's buffer of an fp32 weight read as ``[N / 64, K, 64]`` panels: a view of
+    the same memory (valid while ``packed`` lives), or None where its size differs."""
+    data_ptr = getattr(torch.ops.mkldnn, "data_ptr", None)
+    P = -(-N // _ONEDNN_PANEL)
+    if data_ptr is None or packed.dtype != torch.float32 or N * K == 0:
+        return None
+    if int(torch.ops.mkldnn._nbytes(packed)) != P * K * _ONEDNN_PANEL * 4:
+        return None
+    buf = (ctypes.c_float * (P * K * _ONEDNN_PANEL)).from_address(int(data_ptr(packed)))
+    return torch.frombuffer(buf, dtype=torch.float32).view(P, K, _ONEDNN_PANEL)
 
 
 #: Activation -> (oneDNN post-op, its algorithm) of ``_linear_pointwise``. ReLU is
@@ -217,6 +244,19 @@ def pack_owned(weight: Tensor) -> PackedWeight | None:
     return None if storage is None else PackedWeight.of(weight, storage)
 
 
+def _readable_panels(packed: Tensor, w: Tensor) -> bool:
+    """Whether the C++ GEMM can read oneDNN's ``packed`` form of ``w`` as 64-wide
+    panels: its buffer holds exactly ``w`` in that layout (zero-padded rows)."""
+    if _kernels is None or _ONEDNN_PANEL % panel_width():
+        return False
+    view = _onednn_panels(packed, *w.shape)
+    if view is None:
+        return False
+    N, K = w.shape
+    rows = torch.nn.functional.pad(w, (0, 0, 0, view.shape[0] * _ONEDNN_PANEL - N))
+    return torch.equal(view, rows.view(-1, _ONEDNN_PANEL, K).transpose(1, 2))
+
+
 _READ_ONLY = (
     "bertfast: this weight is packed for the CPU GEMM and owned by the model "
     "(one copy, read-only); call model.unpack_weights(), edit the weights, then "
@@ -244,6 +284,10 @@ class PackedWeight(Tensor):
         out._packed = packed
         out._nr = int(nr)
         out._out_features = int(shape[0])
+        # own panels: the packed tensor; oneDNN's (nr = 64): a view of its buffer
+        out._panels = packed if not packed.is_mkldnn else None
+        if packed.is_mkldnn and nr:
+            out._panels = _onednn_panels(packed, *shape)
         return out
 
     def __init__(self, packed, shape, nr):  # state is set in __new__
@@ -258,7 +302,8 @@ class PackedWeight(Tensor):
         if storage == "onednn" and w.numel() == 0 and w.dtype == torch.float32:
             storage = "own"  # oneDNN has no primitive for an empty weight
         if storage == "onednn":
-            return cls(torch.ops.mkldnn._reorder_linear_weight(w, None), w.shape, 0)
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+            return cls(packed, w.shape, _ONEDNN_PANEL if _readable_panels(packed, w) else 0)
         if storage == "own" and w.dtype == torch.float32:
             return cls(pack(w), w.shape, panel_width())
         raise ValueError(f"PackedWeight: no {storage!r} packed form for a {w.dtype} weight")
@@ -287,6 +332,8 @@ class PackedWeight(Tensor):
         )
 
     def __deepcopy__(self, memo):
+        if self._packed.is_mkldnn:
+            return PackedWeight.of(self.dense(), "onednn")
         return PackedWeight(self._packed.clone(), self.shape, self._nr)
 
     def __reduce_ex__(self, proto):  # pickles / saves as the plain weight

@@ -83,7 +83,13 @@ def _run(x, w, b, act):
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize("m,k,n", SHAPES)
-def test_packed_routes_match_float64(storage, dtype, act, with_bias, m, k, n):
+@pytest.mark.parametrize("small_rows", [cpu_weights.SMALL_ROWS, 0], ids=["default", "no_small"])
+def test_packed_routes_match_float64(
+    storage, dtype, act, with_bias, m, k, n, small_rows, monkeypatch
+):
+    """``small_rows``: up to ``SMALL_ROWS`` rows an fp32 weight oneDNN holds runs on
+    the C++ GEMM reading oneDNN's panels; 0 sends every row count to oneDNN."""
+    monkeypatch.setattr(cpu_weights, "SMALL_ROWS", small_rows)
     x, w, b = _operands(m, k, n, dtype, seed=m * 7 + n)
     b = b if with_bias else None
     pw = cpu_weights.PackedWeight.of(w, storage)
@@ -95,6 +101,22 @@ def test_packed_routes_match_float64(storage, dtype, act, with_bias, m, k, n):
     out3 = _run(x3, pw, b, act)
     assert out3.shape == (1, m, n)
     _check(out3[0], x, w, b, act, dtype, f"{storage} 3-D {m}x{k}x{n} {act}")
+
+
+@pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
+def test_small_rows_read_onednn_panels_in_place():
+    """At few rows the C++ GEMM reads the weight oneDNN holds, no second copy: its
+    panels are a view of oneDNN's buffer, bit for bit the weight in 64-wide panels."""
+    w = torch.randn(1000, 96)
+    pw = cpu_weights.PackedWeight.of(w, "onednn")
+    if pw._panels is None:
+        pytest.skip("oneDNN chose a weight layout other than 64-wide panels on this CPU")
+    panels = cpu_weights.packed_for_call(pw, cpu_weights.SMALL_ROWS)
+    assert panels.data_ptr() == torch.ops.mkldnn.data_ptr(pw._packed)
+    assert torch.equal(cpu_weights.unpack(panels, 1000, 96, panels.shape[2]), w)
+    assert cpu_weights.packed_for_call(pw, cpu_weights.SMALL_ROWS + 1) is pw._packed
+    # a layout that is not the weight's panels is never read as such
+    assert not cpu_weights._readable_panels(pw._packed, w.flip(0))
 
 
 @pytest.mark.parametrize("pack_rows", [None, 0], ids=["f_linear", "pack_per_call"])
