@@ -80,7 +80,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, act: str | Non
     the C++ bias/activation epilogue, or, in fp32 from
     ``cpu_weights.PACK_MIN_ROWS`` rows, packed for this call for the C++ GEMM.
     """
-    # int8 weights (bertfast/ops/quant.py) take their own kernels.
+    # int8 weights (the ``quant`` module of this package, where present) take their own kernels.
     if _quant is not None and _quant.is_quantized(weight):
         return _quant.linear(x, weight, bias, act)
     bias = _c(bias)

@@ -16,9 +16,12 @@ Measured on the Intel Xeon (AMX) dev VM, 2 threads, ms per call (M x K x N):
 4096x384x1152 F.linear 13.0, own 14.9, oneDNN 11.9; 4096x3072x768 61.2 / 66.0 /
 62.3; 16x384x1152 0.107 / 0.056 / 0.077; bf16 4096x384x1152 F.linear 1.52, oneDNN
 1.22, 16x384x1152 0.057 / 0.029. The own kernel is ahead below ~128 rows, oneDNN
-above; a weight can only be kept in one form (memory, below), and oneDNN is never
-behind ``F.linear`` (it is the vendor GEMM, minus the per-call weight reorder), so
-``auto`` takes oneDNN at every row count. ``benchmarks/test_bench_kernels.py``
+above, and a weight is kept in one form only (memory, below). oneDNN's fp32 weight
+layout on AVX-512 is the own kernel's panels, 64 wide (``[N / 64][K][64]``), so
+``auto`` keeps the oneDNN form and runs up to ``SMALL_ROWS`` rows on the own kernel
+reading that buffer in place (the layout is checked bit for bit per weight at load;
+elsewhere oneDNN runs every row count: never behind ``F.linear``, the same vendor
+GEMM without its per-call weight reorder). ``benchmarks/test_bench_kernels.py``
 times every model shape on the chosen route against ``F.linear``.
 
 There is no cache of packed copies (a cache keyed on a tensor's identity and
