@@ -171,12 +171,13 @@ class BertfastModel(nn.Module):
             return
         seen = {}
         for name, p in list(self._packable()):
-            if _cpu_weights.is_packed(p) or p.device.type != "cpu" or p.dtype != torch.float32:
+            if _cpu_weights.is_packed(p) or p.device.type != "cpu":
                 continue
             key = (p.data_ptr(), tuple(p.shape), tuple(p.stride()))
             if key not in seen:  # ALBERT-style shared tensors stay shared
-                seen[key] = _cpu_weights.PackedWeight.of(p)
-            _attach(self, name, seen[key])
+                seen[key] = _cpu_weights.pack_owned(p)
+            if seen[key] is not None:
+                _attach(self, name, seen[key])
 
     def unpack_weights(self) -> BertfastModel:
         """Make every packed weight a plain, writable tensor again (still one copy)
