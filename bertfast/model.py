@@ -42,6 +42,7 @@ from . import heads as H
 from . import ops
 from .checkpoint import encoder_weight_specs, load_checkpoint
 from .config import EncoderConfig
+from .info import warn_if_slow_bf16
 from .ops import cpu_weights as _cpu_weights
 from .ops import quant as _quant
 from .outputs import EncoderOutput
@@ -181,14 +182,15 @@ class BertfastModel(nn.Module):
             return
         seen = {}
         for name, p in list(self._packable()):
-            if _cpu_weights.is_packed(p) or p.device.type != "cpu" or p.dtype != torch.float32:
+            if _cpu_weights.is_packed(p) or p.device.type != "cpu":
                 continue
             if _quant.is_quantized(p):
                 continue
             key = (p.data_ptr(), tuple(p.shape), tuple(p.stride()))
             if key not in seen:  # ALBERT-style shared tensors stay shared
-                seen[key] = _cpu_weights.PackedWeight.of(p)
-            _attach(self, name, seen[key])
+                seen[key] = _cpu_weights.pack_owned(p)
+            if seen[key] is not None:
+                _attach(self, name, seen[key])
 
     def _quantize_weights(self) -> None:
         """``quantize="int8"``: replace the encoder layers' linear weights by int8
@@ -644,6 +646,7 @@ def from_pretrained(
     model = BertfastModel(
         cfg, weights, head=head, backend=backend, own_weights=True, quantize=quantize
     )
+    warn_if_slow_bf16(device, dtype)  # once per process, on a CPU without native bf16
     if cuda_graphs or (cuda_graphs is None and device.type == "cuda"):
         model.enable_cuda_graphs(cuda_graphs)
     return model
