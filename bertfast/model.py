@@ -203,7 +203,9 @@ class BertfastModel(nn.Module):
                 continue
             key = (p.data_ptr(), tuple(p.shape), tuple(p.stride()))
             if key not in seen:  # ALBERT-style shared tensors stay shared
-                seen[key] = _quant.QuantizedWeight.of(p.detach())
+                # QKV: two-part activations (the attention scores amplify their error)
+                split = name.endswith(".qkv.weight")
+                seen[key] = _quant.QuantizedWeight.of(p.detach(), split=split)
             _attach(self, name, seen[key])
 
     def unpack_weights(self) -> BertfastModel:

@@ -65,6 +65,8 @@ def test_int8_model_matches_fp32_and_transformers(family_folder):
             ("qkv.weight", "attn_out.weight", "ffn_in.weight", "ffn_out.weight")
         )
         assert q == expect, name
+        if q:  # two-part activations for QKV only
+            assert m8._w(name)._split == name.endswith("qkv.weight"), name
     assert m8.weight_nbytes() < 0.6 * m32.weight_nbytes()
 
 
@@ -272,3 +274,21 @@ def test_bench_provider_is_an_int8_row(tmp_path):
     mask = batch.attention_mask
     cos = F.cosine_similarity(_sentence_vectors(got, mask), _sentence_vectors(ref, mask), dim=-1)
     assert cos.min() >= MIN_COSINE
+
+
+def test_split_activations_for_qkv():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(50, 96, generator=g) * 2
+    x[:, 5] = 40.0  # an outlier channel: coarse uint8 steps for the rest of the row
+    x[7, 2] = float("nan")
+    w = torch.randn(70, 96, generator=g) / 10
+    b = torch.randn(70, generator=g)
+    plain, split = quant.QuantizedWeight.of(w), quant.QuantizedWeight.of(w, split=True)
+    ref = F.linear(x.double(), plain.dense().double(), b.double())  # exact activations
+    ok = torch.ones(50, dtype=torch.bool)
+    ok[7] = False
+    e_plain = (quant.linear(x, plain, b)[ok] - ref[ok]).abs().max()
+    out = quant.linear(x, split, b, "gelu")
+    e_split = (out[ok] - F.gelu(ref[ok])).abs().max()
+    assert e_split < e_plain / 20, (e_split, e_plain)
+    assert torch.isnan(out[7]).all() and torch.isfinite(out[ok]).all()

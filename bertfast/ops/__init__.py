@@ -272,7 +272,9 @@ def linear(x, weight, bias=None, backend: str = "auto") -> Tensor:
     if torch.compiler.is_compiling() and cpu_weights.is_packed(weight):
         return _linear_packed.op(x, weight._packed, bias, weight._out_features, None)
     if torch.compiler.is_compiling() and quant.is_quantized(weight):
-        return _linear_int8.op(x, weight._packed, weight._colsum, weight._scale, bias, None)
+        return _linear_int8.op(
+            x, weight._packed, weight._colsum, weight._scale, bias, None, weight._split
+        )
     return _linear.run(x, weight, bias, backend)
 
 
@@ -294,7 +296,9 @@ def linear_gelu(x, weight, bias=None, activation: str = "gelu", backend: str = "
     if torch.compiler.is_compiling() and cpu_weights.is_packed(weight):
         return _linear_packed.op(x, weight._packed, bias, weight._out_features, activation)
     if torch.compiler.is_compiling() and quant.is_quantized(weight):
-        return _linear_int8.op(x, weight._packed, weight._colsum, weight._scale, bias, activation)
+        return _linear_int8.op(
+            x, weight._packed, weight._colsum, weight._scale, bias, activation, weight._split
+        )
     return _linear_gelu.run(x, weight, bias, activation, backend)
 
 
@@ -323,12 +327,13 @@ def _linear_int8(
     scale: Tensor,
     bias: Optional[Tensor],
     activation: Optional[str],
+    split: bool,
 ) -> Tensor:
-    return quant.linear_parts(x, packed, colsum, scale, bias, activation)
+    return quant.linear_parts(x, packed, colsum, scale, bias, activation, split)
 
 
 @_linear_int8.register_fake
-def _(x, packed, colsum, scale, bias, activation):
+def _(x, packed, colsum, scale, bias, activation, split):
     return x.new_empty(tuple(x.shape[:-1]) + (scale.shape[0],))
 
 

@@ -130,21 +130,26 @@ class QuantizedWeight(Tensor):
     _scale: Tensor
 
     @staticmethod
-    def __new__(cls, packed: Tensor, colsum: Tensor, scale: Tensor, shape):
+    def __new__(cls, packed: Tensor, colsum: Tensor, scale: Tensor, shape, split: bool = False):
         out = Tensor._make_wrapper_subclass(
             cls, tuple(shape), dtype=torch.float32, device=packed.device, requires_grad=False
         )
         out._packed = packed
         out._colsum = colsum
         out._scale = scale
+        out._split = bool(split)
         return out
 
-    def __init__(self, packed, colsum, scale, shape):  # state is set in __new__
+    def __init__(self, packed, colsum, scale, shape, split=False):  # state is set in __new__
         super().__init__()
 
     @classmethod
-    def of(cls, weight: Tensor) -> QuantizedWeight:
-        """Quantize an fp32 ``[N, K]`` weight (``weight`` itself is not modified)."""
+    def of(cls, weight: Tensor, split: bool = False) -> QuantizedWeight:
+        """Quantize an fp32 ``[N, K]`` weight (``weight`` itself is not modified).
+
+        ``split=True``: :func:`linear` quantizes the activations in two parts (the
+        uint8 rows, then what they miss), two int8 GEMMs summed in fp32: ~16-bit
+        activations for the layers most sensitive to them (the model's QKV)."""
         if _kernels is None:
             raise RuntimeError("bertfast: int8 weights need bertfast's compiled CPU kernels")
         if isinstance(weight, QuantizedWeight):
@@ -153,7 +158,7 @@ class QuantizedWeight(Tensor):
             weight = weight.dense()
         q, scale = quantize_weight(weight)
         packed, colsum = _kernels.qgemm_pack(q.contiguous())
-        return cls(packed, colsum, scale.contiguous(), weight.shape)
+        return cls(packed, colsum, scale.contiguous(), weight.shape, split)
 
     def int8(self) -> Tensor:
         """The int8 values ``q`` as a new ``[N, K]`` tensor."""
@@ -179,7 +184,7 @@ class QuantizedWeight(Tensor):
 
     def __deepcopy__(self, memo):
         return QuantizedWeight(
-            self._packed.clone(), self._colsum.clone(), self._scale.clone(), self.shape
+            self._packed.clone(), self._colsum.clone(), self._scale.clone(), self.shape, self._split
         )
 
     def __reduce_ex__(self, proto):  # pickles / saves as the dequantized weight
@@ -193,7 +198,7 @@ class QuantizedWeight(Tensor):
             raise RuntimeError(_READ_ONLY)
         if func in _SAME_WEIGHT and isinstance(args[0], QuantizedWeight):
             w = args[0]  # w.detach(), w.data, nn.Parameter(w): the same weight
-            return QuantizedWeight(w._packed, w._colsum, w._scale, w.shape)
+            return QuantizedWeight(w._packed, w._colsum, w._scale, w.shape, w._split)
 
         def unwrap(t):
             if isinstance(t, QuantizedWeight):
@@ -224,15 +229,26 @@ def is_quantized(t) -> bool:
 
 def linear(x: Tensor, weight: QuantizedWeight, bias: Tensor | None = None, act=None) -> Tensor:
     """``act(x @ W.T + bias)`` with W int8 and x quantized per row (fp32 in and out)."""
-    return linear_parts(x, weight._packed, weight._colsum, weight._scale, bias, act)
+    return linear_parts(x, weight._packed, weight._colsum, weight._scale, bias, act, weight._split)
 
 
-def linear_parts(x, packed, colsum, scale, bias=None, act=None) -> Tensor:
+def linear_parts(x, packed, colsum, scale, bias=None, act=None, split=False) -> Tensor:
     """:func:`linear` on a QuantizedWeight's tensors (what torch.compile graphs hold)."""
     if x.dtype != torch.float32:
         raise TypeError(f"bertfast int8 linear: x must be float32, got {x.dtype}")
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
-    return _kernels.qlinear(x.contiguous(), packed, colsum, scale, b, act, None)
+    x = x.contiguous()
+    if not split:
+        return _kernels.qlinear(x, packed, colsum, scale, b, act, None)
+    # x = deq(q) + r: r (what uint8 misses, |r| <= scale / 2) is quantized per row in
+    # turn; act(W deq(q) + W deq(q_r) + b) in fp32. A NaN/inf row stays NaN (scale NaN).
+    q, xs, zp = _kernels.quantize_rows(x)
+    r = x - (q.to(torch.float32) - zp.unsqueeze(-1)) * xs.unsqueeze(-1)
+    out = _kernels.qlinear(r, packed, colsum, scale, None, None, None)
+    out += _kernels.qlinear(x, packed, colsum, scale, b, None, None)
+    if act is not None:
+        _kernels.bias_act(out, None, act, True)
+    return out
 
 
 def check_apply(fn) -> None:
