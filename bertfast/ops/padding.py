@@ -35,6 +35,9 @@ class PackInfo:
     max_seqlen: int  # longest row in real tokens (eager); S while compiling
     batch: int
     seqlen: int
+    #: every position is a real token (no padding): ``indices`` is ``arange(B * S)``
+    #: and packing / unpacking are plain reshapes (eager only; False while compiling)
+    dense: bool = False
 
     @property
     def total_tokens(self) -> int:
@@ -77,7 +80,11 @@ def pack_info_from_counts(
     ``max_seqlen`` the caller has already read back (``keep``/``lengths`` from
     :func:`mask_lengths`): no host sync. The counts must be the mask's."""
     B, S = attention_mask.shape
-    indices = torch.nonzero_static(keep, size=int(total)).squeeze(1)
+    total = int(total)
+    if total == B * S and total > 0:  # nothing padded: no gather needed
+        indices = torch.arange(total, device=keep.device)
+        return PackInfo(indices, _cu_seqlens(lengths), int(max_seqlen), B, S, dense=True)
+    indices = torch.nonzero_static(keep, size=total).squeeze(1)
     return PackInfo(indices, _cu_seqlens(lengths), int(max_seqlen), B, S)
 
 
