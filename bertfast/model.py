@@ -339,7 +339,8 @@ class BertfastModel(nn.Module):
             raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
         self._check_ids("input_ids", input_ids, None)
 
-        if attention_mask is None:
+        full = attention_mask is None  # every position real: counts known on the host
+        if full:
             attention_mask = torch.ones(B, S, dtype=torch.int32, device=input_ids.device)
         else:
             self._check_ids("attention_mask", attention_mask, (B, S), ids=False)
@@ -403,18 +404,28 @@ class BertfastModel(nn.Module):
                 position_ids = torch.arange(S, device=input_ids.device).expand(B, S)
                 fits(S - 1)
 
-        keep, lengths = ops.padding.mask_lengths(attention_mask)
         if torch.compiler.is_compiling():
             return attention_mask, token_type_ids, position_ids, None
+        if full:
+            keep, lengths = None, torch.full((B,), S, dtype=torch.int32, device=input_ids.device)
+        else:
+            keep, lengths = ops.padding.mask_lengths(attention_mask)
         # The one device -> host read of the forward pass.
         scalars = [t for tensors, _ in pending for t in tensors]
-        scalars += [lengths.sum(), lengths.max()]
-        values = torch.stack([t.to(torch.int64) for t in scalars]).tolist()
+        if not full:
+            scalars += [lengths.sum(), lengths.max()]
+        values = (
+            torch.stack(
+                [t if t.dtype == torch.int64 else t.to(torch.int64) for t in scalars]
+            ).tolist()
+            if scalars
+            else []
+        )
         at = 0
         for tensors, check in pending:
             check(*values[at : at + len(tensors)])
             at += len(tensors)
-        total, longest = values[at:]
+        total, longest = (B * S, S) if full else values[at:]
         return attention_mask, token_type_ids, position_ids, (keep, lengths, total, longest)
 
     # ------------------------------------------------------------------- pack

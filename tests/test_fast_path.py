@@ -105,6 +105,13 @@ def test_fast_path_matches_transformers(zoo, monkeypatch, family, head, padded):
         real = batch["attention_mask"].bool()
         for t in (out.last_hidden_state,) + out.hidden_states:
             assert torch.all(t[~real] == 0)
+    else:  # no mask at all: the counts are known without reading the mask
+        no_mask = {k: v for k, v in batch.items() if k != "attention_mask"}
+        again = model(**no_mask, output_hidden_states=True)
+        assert len(again.hidden_states) == len(out.hidden_states)
+        for a, b in zip(again.hidden_states, out.hidden_states):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(again.last_hidden_state, out.last_hidden_state, rtol=0, atol=0)
 
 
 def test_fast_path_equals_the_checked_path(zoo, monkeypatch):
