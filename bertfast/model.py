@@ -18,6 +18,13 @@ Forward pass (``H`` hidden, ``T`` real tokens of the batch):
 6. heads on packed tokens / first real tokens; ``ops.unpack_tokens`` scatters
    ``[T, ...]`` back to ``[B, S, ...]`` only at the end.
 
+A batch with no padding skips the gathers of steps 3 and 6 (``PackInfo.dense``).
+On the ``cpu`` backend, in plain eager mode, steps 4 and 5 call the backend's
+implementations directly (``_plan`` / ``_layers_direct``: resolved once per
+backend, device and dtype; no per-call checks or dispatch), since the inputs were
+validated in step 1 and every activation is made here; see docs/design.md,
+"Per-call overhead and the CPU fast path".
+
 Host syncs: the value checks of step 1 and the packing counts of step 3 (real
 tokens, longest row) are read back to the host in one transfer; the ops after it
 are called with ``validate=False`` and nothing else in the forward pass waits for
