@@ -114,14 +114,19 @@ def test_fast_path_matches_transformers(zoo, monkeypatch, family, head, padded):
         torch.testing.assert_close(again.last_hidden_state, out.last_hidden_state, rtol=0, atol=0)
 
 
-def test_fast_path_equals_the_checked_path(zoo, monkeypatch):
-    """Same kernels, same order: the direct calls give what the public ops give."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_path_equals_the_checked_path(zoo, monkeypatch, dtype):
+    """Same kernels, same order: the direct calls give what the public ops give
+    (bf16: the cpu backend's torch-GEMM route, also taken directly)."""
     _, folder = zoo["albert"]
     batch = _batch("albert", padded=True)
-    model = bertfast.from_pretrained(folder, backend="cpu")
+    model = bertfast.from_pretrained(folder, backend="cpu", dtype=dtype)
+    spy = Spy(monkeypatch)
     fast = model(**batch, output_hidden_states=True)
+    assert spy["_layers_direct"] == 1, spy.calls
     monkeypatch.setattr(BertfastModel, "_plan", lambda self: None)
     slow = model(**batch, output_hidden_states=True)
+    assert spy["_layers_direct"] == 1 and spy["attention_varlen"] > 0, spy.calls
     torch.testing.assert_close(fast.last_hidden_state, slow.last_hidden_state, rtol=0, atol=0)
     for a, b in zip(fast.hidden_states, slow.hidden_states):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
