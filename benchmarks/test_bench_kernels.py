@@ -7,6 +7,14 @@ runs log-normal ragged lengths (mean 64, max 128) totalling about ``tokens`` aga
 padded SDPA over the same batch; ``linear_gelu`` and ``bias_gelu`` use the FFN width
 ``4 * hidden``; ``linear`` is the fused QKV projection (``3 * hidden`` outputs).
 
+The ``gemm_*`` cases are the four GEMMs of an encoder layer at the model widths
+(MiniLM 384 / 1536, BERT-base 768 / 3072) and 16, 128, 4096 rows: ``gemm_qkv``
+(H -> 3H), ``gemm_attn_out`` (H -> H), ``gemm_ffn_in`` (H -> 4H, + GELU),
+``gemm_ffn_out`` (4H -> H). bertfast runs them on the weight packed as a loaded model
+keeps it (``cpu_weights.pack_owned``: the route ``BERTFAST_CPU_GEMM`` picks), against
+``F.linear`` (+ ``F.gelu``); ``ceiling_share`` puts each against the machine's GEMM
+ceiling measured in the same run.
+
 Per case ``extra_info`` holds ``gbps`` (memory-bound ops: embed_layernorm,
 add_layernorm, bias_gelu; minimal bytes: every input read once, output written once,
 small tables and vectors ignored) or ``gflops`` (linear, linear_gelu, attention: useful FLOPs,
@@ -36,6 +44,13 @@ OPS = (
     "attention",
     "attention_varlen",
 )
+#: The encoder layer's GEMMs: name -> (in width, out width, activation) per hidden H.
+GEMMS = {
+    "gemm_qkv": (1, 3, None),
+    "gemm_attn_out": (1, 1, None),
+    "gemm_ffn_in": (1, 4, "gelu"),
+    "gemm_ffn_out": (4, 1, None),
+}
 MEMORY_BOUND = ("embed_layernorm", "add_layernorm", "bias_gelu")
 BASELINE = "pytorch"
 SEQ = 128
@@ -55,11 +70,17 @@ def shapes(settings) -> list[tuple[int, int]]:
     return [(t, h) for h in (384, 768, 1024) for t in tokens]
 
 
+def gemm_shapes(settings) -> list[tuple[int, int]]:
+    if settings.smoke:
+        return [(16, 64)]
+    return [(t, h) for h in (384, 768) for t in (16, 128, 4096)]
+
+
 def cases(settings):
     backends = bertfast_backends(settings.device)
     out = []
-    for op in OPS:
-        for tokens, hidden in shapes(settings):
+    for op in OPS + tuple(GEMMS):
+        for tokens, hidden in gemm_shapes(settings) if op in GEMMS else shapes(settings):
             for impl in [BASELINE] + backends:
                 out.append(
                     pytest.param((op, tokens, hidden, impl), id=f"{op}-{tokens}x{hidden}-{impl}")
@@ -107,6 +128,10 @@ def _inputs(op: str, tokens: int, hidden: int, device, dtype) -> dict[str, objec
         return dict(
             x=rand(tokens, H), weight=rand(4 * H, H, scale=H**-0.5), bias=rand(4 * H, scale=0.1)
         )
+    if op in GEMMS:
+        k_mult, n_mult, act = GEMMS[op]
+        K, N = k_mult * H, n_mult * H
+        return dict(x=rand(tokens, K), weight=rand(N, K, scale=K**-0.5), bias=rand(N, scale=0.1))
     heads = max(H // HEAD_DIM, 1)
     if op == "attention":
         B, S = max(tokens // SEQ, 1), min(tokens, SEQ)
@@ -175,6 +200,10 @@ def _pytorch(op: str, a: dict[str, object]) -> Callable[[], torch.Tensor]:
         return lambda: F.linear(a["x"], a["weight"], a["bias"])
     if op == "linear_gelu":
         return lambda: F.gelu(F.linear(a["x"], a["weight"], a["bias"]))
+    if op in GEMMS:
+        if GEMMS[op][2] is None:
+            return lambda: F.linear(a["x"], a["weight"], a["bias"])
+        return lambda: F.gelu(F.linear(a["x"], a["weight"], a["bias"]))
     if op == "attention":
         return lambda: _sdpa_heads(a["qkv"], a["mask"], a["heads"])
     if op == "attention_varlen":
@@ -209,6 +238,17 @@ def _bertfast(op: str, a: dict[str, object], backend: str) -> Callable[[], torch
         return lambda: ops.linear(a["x"], a["weight"], a["bias"], backend=backend)
     if op == "linear_gelu":
         return lambda: ops.linear_gelu(a["x"], a["weight"], a["bias"], "gelu", backend=backend)
+    if op in GEMMS:
+        w = a["weight"]
+        if backend == "cpu" and w.device.type == "cpu":  # packed as a loaded model keeps it
+            from bertfast.ops import cpu_weights
+
+            packed = cpu_weights.pack_owned(w)
+            w = w if packed is None else packed
+        act = GEMMS[op][2]
+        if act is None:
+            return lambda: ops.linear(a["x"], w, a["bias"], backend=backend)
+        return lambda: ops.linear_gelu(a["x"], w, a["bias"], act, backend=backend)
     if op == "attention":
         return lambda: ops.attention(a["qkv"], a["mask"], a["heads"], backend=backend)
     if op == "attention_varlen":
@@ -232,6 +272,8 @@ def _work(op: str, a: dict[str, object], tokens: int, hidden: int, elt: int) -> 
         return "GFLOP", 2 * tokens * H * 3 * H
     if op == "linear_gelu":
         return "GFLOP", 2 * tokens * H * 4 * H
+    if op in GEMMS:
+        return "GFLOP", 2 * tokens * a["weight"].numel()
     return "GFLOP", sum(4 * n * n * H for n in a["lengths"])
 
 

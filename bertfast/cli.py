@@ -7,6 +7,8 @@
     bertfast serve  [--model CKPT]     HTTP embedding server on Ray Serve
     bertfast check  [CKPT]             bertfast vs transformers on sample sentences
     bertfast bench  ...                benchmarks (bertfast.bench)
+    bertfast accuracy ...              bf16 / int8 vs fp32 on the shipped corpus
+                                       (bertfast.bench.accuracy)
 
 User errors (a missing file, an unreadable checkpoint, a backend that cannot run)
 print one message and exit with status 2; ``check`` exits 1 when parity fails.
@@ -165,10 +167,12 @@ def cmd_info(args) -> int:
     import torch
 
     from . import __version__
-    from .info import backends, build_info, cpu_info
+    from .info import backends, build_info, cpu_info, low_precision_paths, native_dot_products
 
     build = build_info()
     cpu = cpu_info()
+    cpu["native_dot_products"] = native_dot_products(cpu["flags"])
+    cpu["low_precision_paths"] = low_precision_paths(cpu["flags"])
     status = backends()
     versions = {
         "bertfast": __version__,
@@ -208,6 +212,11 @@ def cmd_info(args) -> int:
         f"torch threads {torch.get_num_threads()}"
     )
     print(f"  SIMD flags   : {' '.join(cpu['flags'] or []) or 'unknown'}")
+    for kind, have in cpu["native_dot_products"].items():
+        print(f"  {'native ' + kind:<12} : {' '.join(have) if have else 'none (slow fallback)'}")
+    labels = {"bf16_attention": "bf16 attn", "bf16_gemm": "bf16 GEMM"}
+    for what, path in cpu["low_precision_paths"].items():
+        print(f"  {labels.get(what, what):<12} : {path}")
     print("native build (bertfast._C):")
     if not build.get("native"):
         print(f"  not available: {build.get('error')}")
@@ -781,6 +790,12 @@ def cmd_bench(argv: Sequence[str]) -> int:
     return int(result or 0)
 
 
+def cmd_accuracy(argv: Sequence[str]) -> int:
+    from .bench.accuracy import main as accuracy_main
+
+    return int(accuracy_main(list(argv)) or 0)
+
+
 # ---------------------------------------------------------------- parser
 def _add_model_options(p: argparse.ArgumentParser, dtype: bool = True) -> None:
     p.add_argument(
@@ -821,7 +836,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bertfast", description="Fast runtime for BERT-family text encoders."
     )
     parser.add_argument("--version", action="version", version=f"bertfast {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{info,encode,serve,check,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{info,encode,serve,check,bench,accuracy}")
     sub.required = True
 
     p = sub.add_parser("info", help="build contents, backends per device, versions")
@@ -1002,6 +1017,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check)
 
     sub.add_parser("bench", help="benchmarks (arguments go to bertfast.bench)", add_help=False)
+    sub.add_parser(
+        "accuracy",
+        help="bf16 / int8 sentence vectors vs fp32 on the shipped corpus (the accuracy contract)",
+        add_help=False,
+    )
     return parser
 
 
@@ -1011,6 +1031,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv and argv[0] == "bench":
             _backend_env()
             return cmd_bench(argv[1:])
+        if argv and argv[0] == "accuracy":
+            _backend_env()
+            return cmd_accuracy(argv[1:])
         args = build_parser().parse_args(argv)
         if args.command != "info":
             _backend_env()

@@ -55,3 +55,86 @@ def cpu_info() -> dict:
     except OSError:
         pass
     return {"model": model, "flags": flags, "logical_cpus": os.cpu_count()}
+
+
+# ---------------------------------------------------------------- low precision on CPU
+#: The CPU flags (as /proc/cpuinfo names them) that give native dot products per
+#: low-precision type: the one place bertfast decides what a CPU can do in bf16 / int8.
+NATIVE_DOT_FLAGS = {
+    "bf16": ("avx512_bf16", "amx_bf16"),
+    "int8": ("avx512_vnni", "avx_vnni", "amx_int8"),
+}
+_AVX512 = ("avx512f", "avx512dq", "avx512vl", "avx512bw")
+
+
+def _flag_set(flags: list[str] | None) -> set[str]:
+    if flags is None:
+        flags = cpu_info()["flags"]
+    return set(flags or [])
+
+
+def native_dot_products(flags: list[str] | None = None) -> dict[str, list[str]]:
+    """For ``"bf16"`` and ``"int8"``: the native dot-product flags this CPU has (empty:
+    none, the fallback paths run). ``flags`` defaults to :func:`cpu_info`'s."""
+    have = _flag_set(flags)
+    return {kind: [f for f in names if f in have] for kind, names in NATIVE_DOT_FLAGS.items()}
+
+
+def low_precision_paths(flags: list[str] | None = None) -> dict[str, str]:
+    """What bf16 and int8 models run on with this CPU's flags (``cpu_info()``'s by
+    default): ``bf16_attention``, ``bf16_gemm``, ``int8``, each a short description.
+
+    The C++ attention picks its micro-kernels from the same facts at run time
+    (``__builtin_cpu_supports`` / cpuid; ``BERTFAST_CPU_ATTENTION_ISA=avx512bf16``,
+    ``avx512`` or ``avx2`` forces a lesser path, and is honoured here too)."""
+    have = _flag_set(flags)
+    native = native_dot_products(sorted(have))
+    forced = os.environ.get("BERTFAST_CPU_ATTENTION_ISA", "").strip()
+    avx512 = all(f in have for f in _AVX512) and forced != "avx2"
+    bf16_dot = avx512 and "avx512_bf16" in have and forced != "avx512"
+    if bf16_dot and "amx_bf16" in have and forced != "avx512bf16":
+        attention = "AMX tiles (amx_bf16): bf16 products, fp32 sums and softmax"
+    elif bf16_dot:
+        why = f"; BERTFAST_CPU_ATTENTION_ISA={forced}" if forced else ""
+        attention = f"vdpbf16ps (avx512_bf16{why}): bf16 products, fp32 sums and softmax"
+    else:
+        why = f"BERTFAST_CPU_ATTENTION_ISA={forced}" if forced else "no avx512_bf16"
+        isa = "AVX-512" if avx512 else "AVX2"
+        attention = f"fp32 math on bf16 storage ({isa}; {why}), slower than fp32"
+    if "amx_bf16" in have:
+        gemm = "oneDNN bf16 on AMX (amx_bf16)"
+    elif "avx512_bf16" in have:
+        gemm = "oneDNN bf16 on avx512_bf16"
+    else:
+        gemm = "oneDNN emulating bf16 in fp32 (no avx512_bf16 / amx_bf16), slower than fp32"
+    if native["int8"]:
+        int8 = f"integer dot products on {' / '.join(native['int8'])}"
+    else:
+        int8 = "no VNNI: AVX2 integer fallback"
+    return {"bf16_attention": attention, "bf16_gemm": gemm, "int8": int8}
+
+
+_BF16_WARNED = False
+
+
+def warn_if_slow_bf16(device: torch.device, dtype: torch.dtype) -> bool:
+    """Once per process: a ``warnings.warn`` when a bf16 model is loaded on a CPU
+    without native bf16 dot products (no avx512_bf16 / amx_bf16), naming the slow
+    path it will run. Returns whether it warned (now)."""
+    global _BF16_WARNED
+    if _BF16_WARNED or dtype != torch.bfloat16 or torch.device(device).type != "cpu":
+        return False
+    if native_dot_products()["bf16"]:
+        return False
+    _BF16_WARNED = True
+    import warnings
+
+    paths = low_precision_paths()
+    warnings.warn(
+        "bertfast: this CPU has no native bf16 dot products (avx512_bf16 / amx_bf16), so a "
+        f"bf16 model runs slower than fp32 here: GEMMs on {paths['bf16_gemm']}, attention on "
+        f"{paths['bf16_attention']}; load it with dtype=torch.float32 for speed",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return True

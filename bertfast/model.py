@@ -51,6 +51,7 @@ from . import heads as H
 from . import ops
 from .checkpoint import encoder_weight_specs, load_checkpoint
 from .config import EncoderConfig
+from .info import warn_if_slow_bf16
 from .ops import cpu_weights as _cpu_weights
 from .ops import dispatch as _dispatch
 from .outputs import EncoderOutput
@@ -199,12 +200,13 @@ class BertfastModel(nn.Module):
             return
         seen = {}
         for name, p in list(self._packable()):
-            if _cpu_weights.is_packed(p) or p.device.type != "cpu" or p.dtype != torch.float32:
+            if _cpu_weights.is_packed(p) or p.device.type != "cpu":
                 continue
             key = (p.data_ptr(), tuple(p.shape), tuple(p.stride()))
             if key not in seen:  # ALBERT-style shared tensors stay shared
-                seen[key] = _cpu_weights.PackedWeight.of(p)
-            _attach(self, name, seen[key])
+                seen[key] = _cpu_weights.pack_owned(p)
+            if seen[key] is not None:
+                _attach(self, name, seen[key])
 
     def unpack_weights(self) -> BertfastModel:
         """Make every packed weight a plain, writable tensor again (still one copy)
@@ -767,6 +769,7 @@ def from_pretrained(
     folder = checkpoint_folder(path)
     cfg, head, weights = load_checkpoint(folder, head=head, dtype=dtype, device=device)
     model = BertfastModel(cfg, weights, head=head, backend=backend, own_weights=True)
+    warn_if_slow_bf16(device, dtype)  # once per process, on a CPU without native bf16
     if cuda_graphs or (cuda_graphs is None and device.type == "cuda"):
         model.enable_cuda_graphs(cuda_graphs)
     return model

@@ -190,14 +190,18 @@ Tensor linear_packed(const Tensor& x, const Tensor& packed, const OptTensor& bia
   const LinearArgs a = check_linear(op, x, out_features, bias, activation);
   op.tensor(packed, "packed", at::kFloat);
   op.dims(packed, "packed", 3);
-  const int64_t panel = cpu::linear_panel_width(allow_avx512);
-  op.size(packed, "packed", 2, panel, "panel width of the GEMM for this allow_avx512");
+  // Panels of the GEMM's own width, or of a multiple of it (oneDNN's 64-wide blocks).
+  const int64_t nr = cpu::linear_panel_width(allow_avx512);
+  const int64_t panel = packed.size(2);
+  if (panel <= 0 || panel % nr != 0)
+    op.value_error("packed: panel width (dim 2) must be a multiple of " + std::to_string(nr) +
+                   " for this allow_avx512, got " + std::to_string(panel));
   op.size(packed, "packed", 1, a.K, "x's last dimension");
   op.size(packed, "packed", 0, (a.N + panel - 1) / panel, "panels for out_features");
   Tensor out = at::empty(linear_out_shape(x, a.N), x.options());
   if (out.numel() == 0) return out;
   cpu::linear_packed(out.data_ptr(), x.const_data_ptr(), packed.const_data_ptr(),
-                     bias ? bias->const_data_ptr() : nullptr, a.M, a.N, a.K, a.activation,
+                     bias ? bias->const_data_ptr() : nullptr, a.M, a.N, a.K, panel, a.activation,
                      allow_avx512, threads());
   return out;
 }

@@ -16,6 +16,8 @@ One job per module (all names are re-exported here):
                     runtimes do not fight over the cores
 ``report.py``       the Markdown table and JSON of a ``bertfast bench`` run
 ``cli.py``          :func:`main`, the ``bertfast bench`` command
+``accuracy.py``     the accuracy contract of bf16 / int8 (``CONTRACT``) and the
+                    ``bertfast accuracy`` command
 ==================  ==================================================================
 
 Models come from :mod:`bertfast.presets` when no checkpoint folder is given (built-in

@@ -6,22 +6,27 @@ allocates the output, runs on ``torch.get_num_threads()`` threads with the GIL
 released), and the launcher here, which makes operands contiguous and passes them
 on; the registered op is in ``bertfast/ops/__init__.py``.
 
-Storage dtypes fp32, fp16 and bf16, math in fp32. ``linear`` / ``linear_gelu`` in
-fp32 run the C++ GEMM with bias + activation fused in its epilogue on weights a
-loaded model owns packed (``cpu_weights.PackedWeight``), and ``F.linear`` + the
-bias/activation kernel on any other weight, read afresh at every call (no cache;
-see ``cpu_weights.py``); in fp16 / bf16 they are ``torch.matmul`` + that kernel.
+Storage dtypes fp32, fp16 and bf16, math in fp32. ``linear`` / ``linear_gelu`` run
+on the weights a loaded model owns packed (``cpu_weights.PackedWeight``) on oneDNN
+(fp32, and bf16 on CPUs with native bf16) or the C++ GEMM (fp32), bias + activation
+fused; on any other weight, read afresh at every call (no cache; see
+``cpu_weights.py``), torch's GEMM + the C++ bias/activation kernel.
 """
 
 from __future__ import annotations
 
-import os
+import math
 
 import torch
 from torch import Tensor
 
 from . import cpu_weights as _weights
 from .dispatch import Backend
+
+try:  # int8 weights (helper module; absent in builds without it)
+    from . import quant as _quant
+except ImportError:
+    _quant = None
 from .native import (
     _C,
     ACTIVATIONS,
@@ -65,46 +70,40 @@ def bias_gelu_(x, bias, act):
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, act: str | None = None) -> Tensor:
-    """fp32 ``act(x @ weight.T + bias)``; ``act=None`` is a plain linear layer.
+    """``act(x @ weight.T + bias)``; ``act=None`` is a plain linear layer. The one
+    place every CPU GEMM is routed (``linear`` and ``linear_gelu`` ops alike).
 
     A :class:`~bertfast.ops.cpu_weights.PackedWeight` (owned by a model bertfast
-    loaded, packed once) runs on the C++ GEMM (kernels/cpu/gemm.cpp) with bias and
-    activation in its epilogue. Any other weight is read as it is at this call, never
-    cached: ``F.linear`` + the C++ bias/activation epilogue, or packed for this call
-    from ``cpu_weights.PACK_MIN_ROWS`` rows (see bertfast/ops/cpu_weights.py).
+    loaded, packed once) runs on the GEMM it was packed for, oneDNN (fp32 / bf16) or
+    the C++ one (fp32), bias and activation fused (see bertfast/ops/cpu_weights.py).
+    Any other weight is read as it is at this call, never cached: torch's GEMM +
+    the C++ bias/activation epilogue, or, in fp32 from
+    ``cpu_weights.PACK_MIN_ROWS`` rows, packed for this call for the C++ GEMM.
     """
-    x, bias = x.contiguous(), _c(bias)
+    # int8 weights (the ``quant`` module of this package, where present) take their own kernels.
+    if _quant is not None and _quant.is_quantized(weight):
+        return _quant.linear(x, weight, bias, act)
+    bias = _c(bias)
     N, K = weight.shape
-    M = x.numel() // K if K else 0
+    M = math.prod(x.shape[:-1])
     packed = _weights.packed_for_call(weight, M)
-    if packed is None:
-        out = torch.nn.functional.linear(x, weight, None if act is not None else bias)
-        if act is not None and out.numel():
-            _kernels.bias_act(out, bias, act, True)
-        return out
-    return _weights.linear_panels(x, packed, bias, N, act)
-
-
-#: ``BERTFAST_CPU_GEMM=torch`` sends every fp32 GEMM to torch (``F.linear``), and
-#: ``from_pretrained`` then keeps its weights unpacked.
-_OWN_GEMM = os.environ.get("BERTFAST_CPU_GEMM", "own").strip().lower() != "torch"
+    if packed is not None:
+        out = _weights.linear_panels(x.reshape(M, K), packed, bias, N, act)
+        return out.view(*x.shape[:-1], N)
+    out = torch.nn.functional.linear(x.contiguous(), weight, None if act is not None else bias)
+    if act is not None and out.numel():
+        _kernels.bias_act(out, bias, act, True)
+    return out
 
 
 def linear_op(x, weight, bias):
-    """The ``linear`` op: fp32 on the C++ GEMM or F.linear (see ``linear``), other
-    dtypes on torch's."""
-    if x.dtype == torch.float32 and (_OWN_GEMM or _weights.is_packed(weight)):
-        return linear(x, weight, bias, None)
-    return torch.nn.functional.linear(x, weight, bias)
+    """The ``linear`` op (see ``linear``)."""
+    return linear(x, weight, bias, None)
 
 
 def linear_gelu(x, weight, bias, act):
-    if x.dtype == torch.float32 and (_OWN_GEMM or _weights.is_packed(weight)):
-        return linear(x, weight, bias, act)  # bias + act in the C++ epilogue
-    # fp16 / bf16: torch's GEMM, then the bias + activation epilogue in place.
-    y = torch.matmul(x, weight.t())
-    bias_gelu_(y, bias, act)
-    return y
+    """The ``linear_gelu`` op: bias + activation fused in the GEMM or its epilogue."""
+    return linear(x, weight, bias, act)
 
 
 # ---------------------------------------------------------------- attention

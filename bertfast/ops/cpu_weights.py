@@ -1,29 +1,54 @@
-"""Weights of the CPU GEMM (kernels/cpu/gemm.cpp): who packs them, and when.
+"""Weights of the CPU GEMMs: who packs them, in which form, and when.
 
-The C++ GEMM reads its weight packed in panels (``[N / NR][K][NR]``). There is no
-cache of packed copies (a cache keyed on a tensor's identity and version counter
-misses writes through ``.data``, through views under ``no_grad`` and through NumPy
-arrays sharing the memory, and inference tensors have no version counter). Two
-kinds of weight reach ``cpu.linear``:
+Two GEMMs run ``cpu.linear`` on CPU (``BERTFAST_CPU_GEMM`` picks; see ``ROUTE``):
+
+- ``onednn`` (the default where torch has oneDNN, i.e. ``torch.backends.mkldnn``
+  on x86-64): torch's oneDNN inner product (``torch.ops.mkldnn._linear_pointwise``,
+  what ``torch.compile``'s CPU freezing uses) on a weight reordered once into
+  oneDNN's blocked layout, bias and activation fused as post-ops. fp32, and bf16
+  where the CPU has native bf16 dot products (``avx512_bf16`` / ``amx_bf16``:
+  AMX tiles or ``vdpbf16ps``, fp32 accumulation).
+- ``own``: the C++ GEMM of kernels/cpu/gemm.cpp on panels ``[N / NR][K][NR]``
+  (fp32 only; the default without oneDNN).
+- ``torch``: every GEMM on ``F.linear`` / ``torch.matmul``, weights kept plain.
+
+Measured on the Intel Xeon (AMX) dev VM, 2 threads, ms per call (M x K x N):
+4096x384x1152 F.linear 13.0, own 14.9, oneDNN 11.9; 4096x3072x768 61.2 / 66.0 /
+62.3; 16x384x1152 0.107 / 0.056 / 0.077; bf16 4096x384x1152 F.linear 1.52, oneDNN
+1.22, 16x384x1152 0.057 / 0.029. The own kernel is ahead below ~128 rows, oneDNN
+above, and a weight is kept in one form only (memory, below). oneDNN's fp32 weight
+layout on AVX-512 is the own kernel's panels, 64 wide (``[N / 64][K][64]``), so
+``auto`` keeps the oneDNN form and runs up to ``SMALL_ROWS`` rows on the own kernel
+reading that buffer in place (the layout is checked bit for bit per weight at load;
+elsewhere oneDNN runs every row count: never behind ``F.linear``, the same vendor
+GEMM without its per-call weight reorder). ``benchmarks/test_bench_kernels.py``
+times every model shape on the chosen route against ``F.linear``.
+
+There is no cache of packed copies (a cache keyed on a tensor's identity and
+version counter misses writes through ``.data``, through views under ``no_grad``
+and through NumPy arrays sharing the memory, and inference tensors have no version
+counter). Two kinds of weight reach ``cpu.linear``:
 
 - :class:`PackedWeight`: a weight *owned* by a model bertfast loaded itself
-  (``from_pretrained``), packed once at load. It is the only copy of that weight:
-  a read-only ``[N, K]`` tensor whose values torch ops read by unpacking (slow;
-  only the GEMM reads the packed panels directly); writes through any route raise
-  (NumPy cannot see it at all). ``BertfastModel.unpack_weights()`` turns them back
-  into plain tensors for editing, ``refresh()`` packs again.
+  (``from_pretrained``), packed once at load into the route's form. It is the only
+  copy of that weight: a read-only ``[N, K]`` tensor whose values torch ops read by
+  unpacking (slow; only the GEMM reads the packed form directly); writes through
+  any route raise (NumPy cannot see it at all). ``BertfastModel.unpack_weights()``
+  turns them back into plain tensors for editing, ``refresh()`` packs again.
 - any other tensor (``optimize()`` shares the user's parameters, direct op calls):
-  read as it is at every call, never copied across calls. Rows
-  >= ``PACK_MIN_ROWS`` (``BERTFAST_CPU_PACK_MIN_ROWS``; default: never) pack it
-  into a temporary and run the C++ GEMM; otherwise torch's ``F.linear`` (MKL /
-  oneDNN) runs it, with the bias + activation epilogue of the C++ kernels. On the
-  Intel Xeon this was measured on (``benchmarks/pack_crossover.py``) packing per
-  call lost to ``F.linear`` at every row count up to 2048, so it is off by default;
-  machines where the C++ GEMM is well ahead of the vendor BLAS (AMD Zen) may set it.
+  read as it is at every call, never copied across calls: ``F.linear`` with the
+  bias + activation epilogue of the C++ kernels. Nothing is cached, so ``optimize()``
+  costs no memory; its GEMMs are torch's (oneDNN's per-call reorder of the weight
+  is the cost a cache would save). Rows >= ``PACK_MIN_ROWS``
+  (``BERTFAST_CPU_PACK_MIN_ROWS``; default: never) pack it into a temporary for the
+  own C++ GEMM instead: on the Intel Xeon packing per call lost to ``F.linear`` at
+  every row count up to 2048 (``benchmarks/pack_crossover.py``); machines where the
+  C++ GEMM is well ahead of the vendor BLAS (AMD Zen) may set it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import torch
@@ -36,6 +61,60 @@ try:
     _kernels = _native.cpu
 except (ImportError, AttributeError):  # pragma: no cover - only without a build
     _kernels = None
+
+ROUTES = ("auto", "own", "onednn", "torch")
+
+
+def _onednn_available() -> bool:
+    """torch's oneDNN inner product with prepacked weights and post-ops exists
+    (torch built with mkldnn, x86-64 / aarch64) and gives a right answer."""
+    mk = getattr(torch.ops, "mkldnn", None)
+    try:
+        if not torch.backends.mkldnn.is_available():
+            return False
+        w = torch.tensor([[1.0, 2.0], [3.0, -4.0]])
+        out = mk._linear_pointwise(
+            torch.tensor([[1.0, 1.0]]), mk._reorder_linear_weight(w, None), None, "relu", [], ""
+        )
+        return out.tolist() == [[3.0, 0.0]]
+    except (AttributeError, RuntimeError):  # pragma: no cover - torch without the ops
+        return False
+
+
+def _native_bf16() -> bool:
+    """The CPU has bf16 dot-product instructions (AVX512-BF16 or AMX-BF16)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = line.split(":", 1)[1].split()
+                    return "avx512_bf16" in flags or "amx_bf16" in flags
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return False
+
+
+ONEDNN: bool = _onednn_available()
+NATIVE_BF16: bool = ONEDNN and _native_bf16()
+
+
+def _env_route() -> str:
+    raw = os.environ.get("BERTFAST_CPU_GEMM", "auto").strip().lower() or "auto"
+    if raw not in ROUTES:
+        raise ValueError(f"BERTFAST_CPU_GEMM={raw!r}: choose one of {', '.join(ROUTES)}")
+    if raw == "onednn" and not ONEDNN:
+        raise ValueError(
+            "BERTFAST_CPU_GEMM=onednn: this torch has no oneDNN (torch.backends.mkldnn); "
+            "use auto, own or torch"
+        )
+    if raw == "auto":
+        return "onednn" if ONEDNN else "own"
+    return raw
+
+
+#: The GEMM a loaded model's weights are packed for: "onednn", "own" or "torch"
+#: (``BERTFAST_CPU_GEMM``, default auto: oneDNN where torch has it, else own).
+ROUTE: str = _env_route()
 
 
 def _env_rows() -> int | None:
@@ -73,22 +152,112 @@ def unpack(packed: Tensor, N: int, K: int, nr: int) -> Tensor:
     return panels.transpose(1, 2).reshape(-1, K)[:N].clone()
 
 
+def storage_for(dtype: torch.dtype, route: str | None = None) -> str | None:
+    """The packed form ("onednn" / "own") a CPU weight of ``dtype`` is kept in on
+    ``route`` (default ``ROUTE``), or None: kept plain (torch's GEMM)."""
+    route = ROUTE if route is None else route
+    if route == "onednn" and (dtype == torch.float32 or (dtype == torch.bfloat16 and NATIVE_BF16)):
+        return "onednn"
+    if route in ("own", "onednn") and dtype == torch.float32 and _kernels is not None:
+        return "own"
+    return None
+
+
 def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
-    """The packed panels the C++ GEMM should use for ``weight`` at ``rows`` rows,
-    or None for ``F.linear``. Never cached: a plain weight is read at every call."""
+    """The packed weight the GEMM should use for ``weight`` at ``rows`` rows, or
+    None for torch's. Never cached: a plain weight is read at every call."""
     if isinstance(weight, PackedWeight):
+        if weight._panels is not None and (rows <= SMALL_ROWS or not weight._packed.is_mkldnn):
+            return weight._panels  # the C++ GEMM (on oneDNN's buffer at few rows)
         return weight._packed
-    if PACK_MIN_ROWS is not None and rows >= PACK_MIN_ROWS:
+    if (
+        PACK_MIN_ROWS is not None
+        and rows >= PACK_MIN_ROWS
+        and weight.dtype == torch.float32
+        and ROUTE != "torch"
+    ):
         return pack(weight)
     return None
+
+
+#: Rows up to which a weight oneDNN holds in 64-wide panels runs on the C++ GEMM
+#: (it reads those panels in place: no second copy). Below ~128 rows the C++ GEMM
+#: is ahead of oneDNN (16x384x1152: 0.056 vs 0.077 ms), above it behind.
+SMALL_ROWS = 64
+
+#: oneDNN's fp32 inner-product weight layout on AVX-512: [N / 64][K][64] (``Ab64a``),
+#: i.e. the C++ GEMM's panels 64 wide. Checked on each weight at load (see
+#: ``PackedWeight.of``); another layout just runs oneDNN at every row count.
+_ONEDNN_PANEL = 64
+
+
+def _onednn_panels(packed: Tensor, N: int, K: int) -> Tensor | None:
+    """oneDNN's buffer of an fp32 weight read as ``[N / 64, K, 64]`` panels: a view of
+    the same memory (valid while ``packed`` lives), or None where its size differs."""
+    data_ptr = getattr(torch.ops.mkldnn, "data_ptr", None)
+    P = -(-N // _ONEDNN_PANEL)
+    if data_ptr is None or packed.dtype != torch.float32 or N * K == 0:
+        return None
+    if int(torch.ops.mkldnn._nbytes(packed)) != P * K * _ONEDNN_PANEL * 4:
+        return None
+    buf = (ctypes.c_float * (P * K * _ONEDNN_PANEL)).from_address(int(data_ptr(packed)))
+    return torch.frombuffer(buf, dtype=torch.float32).view(P, K, _ONEDNN_PANEL)
+
+
+#: Activation -> (oneDNN post-op, its algorithm) of ``_linear_pointwise``. ReLU is
+#: applied after (torch's ``relu_``): oneDNN's ReLU post-op turns NaN into 0.
+_ONEDNN_POST_OPS = {
+    None: ("none", ""),
+    "gelu": ("gelu", "none"),
+    "gelu_tanh": ("gelu", "tanh"),
+    "relu": ("none", ""),
+}
 
 
 def linear_panels(
     x: Tensor, packed: Tensor, bias: Tensor | None, out_features: int, activation: str | None
 ) -> Tensor:
-    """``activation(x @ W.T + bias)`` for W held as ``packed`` panels (the C++ GEMM)."""
+    """``activation(x @ W.T + bias)`` for W held packed: oneDNN's blocked weight
+    (an ``mkldnn`` tensor) on oneDNN with bias + activation as post-ops, own panels
+    on the C++ GEMM with them in its epilogue."""
     b = None if bias is None else bias.contiguous()
+    if packed.is_mkldnn:
+        post_op, algorithm = _ONEDNN_POST_OPS[activation]
+        out = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, b, post_op, [], algorithm)
+        return out.relu_() if activation == "relu" else out
     return _kernels.linear_packed(x.contiguous(), packed, b, out_features, activation, True)
+
+
+#: Largest packed / plain size ratio a model keeps a weight packed for oneDNN at:
+#: oneDNN's blocked layout pads the output rows (to 64 on AVX-512), nothing for the
+#: models' widths (multiples of 64) but +33% for a 96-wide toy layer; such a weight
+#: takes the next form instead (own panels in fp32, plain in bf16).
+MAX_PADDING = 1.05
+
+
+def pack_owned(weight: Tensor) -> PackedWeight | None:
+    """``weight`` packed for the GEMM it runs on (``ROUTE``), or None: kept plain.
+    What ``from_pretrained`` does to each linear weight a model owns."""
+    storage = storage_for(weight.dtype)
+    if storage == "onednn" and weight.numel():
+        packed = PackedWeight.of(weight, "onednn")
+        if packed.packed_nbytes <= MAX_PADDING * weight.numel() * weight.element_size():
+            return packed
+        storage = storage_for(weight.dtype, "own")
+    return None if storage is None else PackedWeight.of(weight, storage)
+
+
+def _readable_panels(packed: Tensor, w: Tensor) -> bool:
+    """Whether the C++ GEMM can read oneDNN's ``packed`` form of ``w`` as 64-wide
+    panels: its buffer holds exactly ``w`` in that layout (zero-padded rows)."""
+    if _kernels is None or _ONEDNN_PANEL % panel_width():
+        return False
+    view = _onednn_panels(packed, *w.shape)
+    if view is None:
+        return False
+    N, K = w.shape
+    rows = torch.nn.functional.pad(w, (0, 0, 0, view.shape[0] * _ONEDNN_PANEL - N))
+    return torch.equal(view, rows.view(-1, _ONEDNN_PANEL, K).transpose(1, 2))
 
 
 _READ_ONLY = (
@@ -99,11 +268,12 @@ _READ_ONLY = (
 
 
 class PackedWeight(Tensor):
-    """A read-only fp32 ``[N, K]`` weight stored only as the C++ GEMM's packed panels.
+    """A read-only ``[N, K]`` weight stored only in a CPU GEMM's packed form: oneDNN's
+    blocked layout (fp32 or bf16; ``panel_width`` 0) or the C++ GEMM's panels (fp32).
 
-    ``cpu.linear`` multiplies with the panels directly; any other torch op sees the
-    ``[N, K]`` values (unpacked for that op). Ops that write into it, or into a view
-    of it, raise ``RuntimeError`` naming the way to edit weights.
+    ``cpu.linear`` multiplies with the packed form directly; any other torch op sees
+    the ``[N, K]`` values (unpacked for that op). Ops that write into it, or into a
+    view of it, raise ``RuntimeError`` naming the way to edit weights.
     """
 
     _packed: Tensor
@@ -112,33 +282,61 @@ class PackedWeight(Tensor):
     @staticmethod
     def __new__(cls, packed: Tensor, shape, nr: int):
         out = Tensor._make_wrapper_subclass(
-            cls, tuple(shape), dtype=torch.float32, device=packed.device, requires_grad=False
+            cls, tuple(shape), dtype=packed.dtype, device=packed.device, requires_grad=False
         )
         out._packed = packed
         out._nr = int(nr)
         out._out_features = int(shape[0])
+        # own panels: the packed tensor; oneDNN's (nr = 64): a view of its buffer
+        out._panels = packed if not packed.is_mkldnn else None
+        if packed.is_mkldnn and nr:
+            out._panels = _onednn_panels(packed, *shape)
         return out
 
     def __init__(self, packed, shape, nr):  # state is set in __new__
         super().__init__()
 
     @classmethod
-    def of(cls, weight: Tensor) -> PackedWeight:
-        return cls(pack(weight), weight.shape, panel_width())
+    def of(cls, weight: Tensor, storage: str | None = None) -> PackedWeight:
+        """``weight`` packed into ``storage`` ("onednn" / "own"; default: the form
+        ``storage_for`` gives its dtype)."""
+        storage = storage or storage_for(weight.dtype)
+        w = weight.detach().contiguous()
+        if storage == "onednn" and w.numel() == 0 and w.dtype == torch.float32:
+            storage = "own"  # oneDNN has no primitive for an empty weight
+        if storage == "onednn":
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+            return cls(packed, w.shape, _ONEDNN_PANEL if _readable_panels(packed, w) else 0)
+        if storage == "own" and w.dtype == torch.float32:
+            return cls(pack(w), w.shape, panel_width())
+        raise ValueError(f"PackedWeight: no {storage!r} packed form for a {w.dtype} weight")
+
+    @property
+    def storage(self) -> str:
+        return "onednn" if self._packed.is_mkldnn else "own"
 
     def dense(self) -> Tensor:
         """The weight as a plain (new, writable) ``[N, K]`` tensor."""
+        if self._packed.is_mkldnn:
+            return self._packed.to_dense()
         N, K = self.shape
         return unpack(self._packed, N, K, self._nr)
 
     @property
     def packed_nbytes(self) -> int:
+        if self._packed.is_mkldnn:
+            return int(torch.ops.mkldnn._nbytes(self._packed))
         return self._packed.numel() * self._packed.element_size()
 
     def __repr__(self, *, tensor_contents=None):
-        return f"PackedWeight(shape={tuple(self.shape)}, panel_width={self._nr})"
+        return (
+            f"PackedWeight(shape={tuple(self.shape)}, dtype={self.dtype}, "
+            f"storage={self.storage!r}, panel_width={self._nr})"
+        )
 
     def __deepcopy__(self, memo):
+        if self._packed.is_mkldnn:
+            return PackedWeight.of(self.dense(), "onednn")
         return PackedWeight(self._packed.clone(), self.shape, self._nr)
 
     def __reduce_ex__(self, proto):  # pickles / saves as the plain weight
@@ -203,22 +401,20 @@ def is_packed(t) -> bool:
 
 
 def tensor_bytes(t: Tensor) -> int:
-    """Bytes a tensor holds (its packed panels for a :class:`PackedWeight`)."""
+    """Bytes a tensor holds (its packed form for a :class:`PackedWeight`)."""
     if isinstance(t, PackedWeight):
         return t.packed_nbytes
     return t.untyped_storage().nbytes()
 
 
 def can_pack(backend: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether a model on ``device``/``dtype`` with ``backend`` runs its fp32 linear
-    layers on the C++ GEMM (then ``from_pretrained`` packs them at load)."""
-    if _kernels is None or torch.device(device).type != "cpu" or dtype != torch.float32:
+    """Whether a model on ``device``/``dtype`` with ``backend`` runs its linear
+    layers on a packed CPU GEMM (then ``from_pretrained`` packs them at load)."""
+    if _kernels is None or torch.device(device).type != "cpu" or storage_for(dtype) is None:
         return False
     from . import cpu
     from .dispatch import PREFERENCE, _requested
 
-    if not cpu._OWN_GEMM:
-        return False
     name = _requested(backend)
     if name == "auto":
         name = next(

@@ -297,12 +297,15 @@ void attention_varlen(int dtype, void* out, const void* qkv, const int32_t* cu_s
                       int num_threads);
 
 // gemm.cpp (fp32): out[M, N] = act(x[M, K] @ weight[N, K]^T + bias); activation
-// kNoActivation = none. packed is [ceil(N / panel_width), K, panel_width] floats.
+// kNoActivation = none. linear_pack packs [ceil(N / NR), K, NR] floats, NR =
+// linear_panel_width; linear_packed reads panels of any multiple of NR (panel_width:
+// also oneDNN's 64-wide fp32 weight blocks, bertfast/ops/cpu_weights.py).
 int linear_panel_width(bool allow_avx512);
 void linear_pack(void* packed, const void* weight, int64_t N, int64_t K, bool allow_avx512,
                  int num_threads);
 void linear_packed(void* out, const void* x, const void* packed, const void* bias, int64_t M,
-                   int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads);
+                   int64_t N, int64_t K, int64_t panel_width, int activation, bool allow_avx512,
+                   int num_threads);
 void linear_act(void* out, const void* x, const void* weight, const void* bias, int64_t M,
                 int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads);
 

@@ -4,8 +4,10 @@
 // Layout: x row-major [M, K] (lda = K), w row-major [N, K] (torch's Linear weight),
 // out row-major [M, N]. w is packed into panels of NR columns, [N / NR][K][NR]
 // (zero-padded), so the micro-kernel reads it with unit stride: linear_pack once
-// per weight (bertfast/ops/cpu.py caches it), then linear_packed per call;
-// linear_act packs and multiplies in one go.
+// per weight (a model's PackedWeight, bertfast/ops/cpu_weights.py), then
+// linear_packed per call; linear_act packs and multiplies in one go. linear_packed
+// also reads panels wider than NR (a multiple of it): oneDNN's fp32 weight layout
+// [N / 64][K][64] on AVX-512, so a weight oneDNN holds needs no second copy here.
 //
 // Micro-kernel: MR rows x NR columns of accumulators held in registers (GCC/Clang
 // vector extensions, no intrinsics); per k one load of NR packed weights and MR
@@ -49,14 +51,16 @@ BF_INLINE V load_v(const float* p) {
   return v;
 }
 
-// One tile: rows [mb * MB, min(M, (mb + 1) * MB)) x the NR columns of panel p.
+// One tile: rows [mb * MB, min(M, (mb + 1) * MB)) x the NR columns [p * NR, p * NR + NR).
+// The weight is stored in panels of PW >= NR columns ([N / PW][K][PW], PW a multiple
+// of NR): the tile reads NR of them, PW apart per k.
 template <typename V, int VL, int MR, int NV, int ACT>
 BF_INLINE void gemm_tile(const float* BF_RESTRICT x, const float* BF_RESTRICT packed,
                          const float* BF_RESTRICT bias, float* BF_RESTRICT out, int64_t M,
-                         int64_t N, int64_t K, int64_t mb, int64_t p) {
+                         int64_t N, int64_t K, int64_t PW, int64_t mb, int64_t p) {
   constexpr int NR = VL * NV;
-  const float* BF_RESTRICT bp = packed + p * K * NR;
   const int64_t n0 = p * NR;
+  const float* BF_RESTRICT bp = packed + (n0 / PW) * K * PW + n0 % PW;
   const int64_t ncols = N - n0 < NR ? N - n0 : NR;
   const int64_t m_end = (mb + 1) * MB < M ? (mb + 1) * MB : M;
   for (int64_t i0 = mb * MB; i0 < m_end; i0 += MR) {
@@ -72,7 +76,7 @@ BF_INLINE void gemm_tile(const float* BF_RESTRICT x, const float* BF_RESTRICT pa
       V acc[MR][NV];
       for (int r = 0; r < MR; ++r)
         for (int v = 0; v < NV; ++v) acc[r][v] = V{};
-      for (int64_t k = k0; k < k1; ++k, b += NR) {
+      for (int64_t k = k0; k < k1; ++k, b += PW) {
         V bv[NV];
         for (int v = 0; v < NV; ++v) bv[v] = load_v<V>(b + v * VL);
         for (int r = 0; r < MR; ++r) {
@@ -127,15 +131,15 @@ void pack_weight(const float* w, float* packed, int64_t N, int64_t K, int num_th
 template <int ACT>
 __attribute__((target("arch=x86-64-v4"))) __attribute__((noinline)) void tile_avx512(
     const float* x, const float* packed, const float* bias, float* out, int64_t M, int64_t N,
-    int64_t K, int64_t mb, int64_t p) {
-  gemm_tile<v16g, 16, 8, 2, ACT>(x, packed, bias, out, M, N, K, mb, p);
+    int64_t K, int64_t PW, int64_t mb, int64_t p) {
+  gemm_tile<v16g, 16, 8, 2, ACT>(x, packed, bias, out, M, N, K, PW, mb, p);
 }
 
 template <int ACT>
 __attribute__((noinline)) void tile_avx2(const float* x, const float* packed, const float* bias,
-                                         float* out, int64_t M, int64_t N, int64_t K, int64_t mb,
-                                         int64_t p) {
-  gemm_tile<v8g, 8, 4, 2, ACT>(x, packed, bias, out, M, N, K, mb, p);
+                                         float* out, int64_t M, int64_t N, int64_t K, int64_t PW,
+                                         int64_t mb, int64_t p) {
+  gemm_tile<v8g, 8, 4, 2, ACT>(x, packed, bias, out, M, N, K, PW, mb, p);
 }
 
 bool use_avx512(bool allow_avx512) {
@@ -150,7 +154,7 @@ bool use_avx512(bool allow_avx512) {
 
 template <int ACT>
 void gemm_packed(const float* x, const float* pk, const float* bias, float* out, int64_t M,
-                 int64_t N, int64_t K, bool avx512, int num_threads) {
+                 int64_t N, int64_t K, int64_t PW, bool avx512, int num_threads) {
   std::vector<float> zeros;
   if (!bias) {
     zeros.assign(N, 0.0f);
@@ -174,9 +178,9 @@ void gemm_packed(const float* x, const float* pk, const float* bias, float* out,
     const int64_t mb = row_major ? t / panels : t % mblocks;
     const int64_t p = row_major ? t % panels : t / mblocks;
     if (avx512) {
-      tile_avx512<ACT>(x, pk, bias, out, M, N, K, mb, p);
+      tile_avx512<ACT>(x, pk, bias, out, M, N, K, PW, mb, p);
     } else {
-      tile_avx2<ACT>(x, pk, bias, out, M, N, K, mb, p);
+      tile_avx2<ACT>(x, pk, bias, out, M, N, K, PW, mb, p);
     }
   }
 }
@@ -213,7 +217,8 @@ void linear_pack(void* packed, const void* weight, int64_t N, int64_t K, bool al
 }
 
 void linear_packed(void* out, const void* x, const void* packed, const void* bias, int64_t M,
-                   int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads) {
+                   int64_t N, int64_t K, int64_t panel_width, int activation, bool allow_avx512,
+                   int num_threads) {
   if (M <= 0 || N <= 0) return;
   const float* xp = static_cast<const float*>(x);
   const float* pk = static_cast<const float*>(packed);
@@ -222,7 +227,7 @@ void linear_packed(void* out, const void* x, const void* packed, const void* bia
   advise_huge_pages(op, M * N * static_cast<int64_t>(sizeof(float)));
   const bool avx512 = use_avx512(allow_avx512);
   dispatch_activation</*kWithNone=*/true>(activation, [&](auto act_c) {
-    gemm_packed<decltype(act_c)::value>(xp, pk, bp, op, M, N, K, avx512, num_threads);
+    gemm_packed<decltype(act_c)::value>(xp, pk, bp, op, M, N, K, panel_width, avx512, num_threads);
   });
 }
 
@@ -232,7 +237,7 @@ void linear_act(void* out, const void* x, const void* weight, const void* bias, 
   const int NR = linear_panel_width(allow_avx512);
   std::vector<float> packed(((N + NR - 1) / NR) * NR * (K > 0 ? K : 0));
   linear_pack(packed.data(), weight, N, K, allow_avx512, num_threads);
-  linear_packed(out, x, packed.data(), bias, M, N, K, activation, allow_avx512, num_threads);
+  linear_packed(out, x, packed.data(), bias, M, N, K, NR, activation, allow_avx512, num_threads);
 }
 
 }  // namespace cpu

@@ -1,0 +1,241 @@
+"""Every route of the CPU GEMM (bertfast/ops/cpu_weights.py) against float64.
+
+Routes: a weight packed for oneDNN (fp32, and bf16), a weight packed in the C++
+GEMM's panels (fp32), and a plain weight (torch's GEMM + the C++ epilogue, or packed
+for one call from ``PACK_MIN_ROWS`` rows); with and without bias, every activation,
+row counts around the C++ GEMM's 64-row blocks and its 8-row micro-tiles, odd
+widths. Each result is held to the parity rule of ``harness.py`` (float64 gold,
+2x the reference's own error in the same dtype + the per-op atol). Then what
+``BERTFAST_CPU_GEMM`` selects, and a loaded model on each route (one copy of the
+weights, transformers' answer). Non-finite inputs: tests/ops/test_nonfinite.py.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+import bertfast
+import bertfast.ops as ops
+from bertfast.ops import cpu_weights, reference
+from bertfast.ops.dispatch import get_backend
+
+from .harness import assert_within_rule
+
+pytestmark = pytest.mark.skipif(
+    get_backend("cpu").unavailable("cpu") is not None,
+    reason="bertfast._C CPU kernels are not built",
+)
+
+ONEDNN_BF16 = cpu_weights.ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+#: (storage, dtype) of every packed form.
+PACKED = [
+    pytest.param("own", torch.float32, id="own-fp32"),
+    pytest.param(
+        "onednn",
+        torch.float32,
+        id="onednn-fp32",
+        marks=pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN"),
+    ),
+    pytest.param(
+        "onednn",
+        torch.bfloat16,
+        id="onednn-bf16",
+        marks=pytest.mark.skipif(not ONEDNN_BF16, reason="oneDNN has no bf16 on this CPU"),
+    ),
+]
+ACTS = [None, "gelu", "gelu_tanh", "relu"]
+SHAPES = [(1, 48, 70), (8, 48, 70), (63, 37, 33), (64, 64, 64), (65, 96, 1000), (130, 1, 5)]
+
+
+def _operands(m, k, n, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    return x, w, b
+
+
+def _check(out, x, w, b, act, dtype, what):
+    op = "linear" if act is None else "linear_gelu"
+    if act is None:
+        gold = reference.linear(x.double(), w.double(), None if b is None else b.double())
+        same = reference.linear(x, w, b)
+    else:
+        bias64 = torch.zeros(w.shape[0], dtype=torch.float64) if b is None else b.double()
+        bias = torch.zeros(w.shape[0], dtype=dtype) if b is None else b
+        gold = reference.linear_gelu(x.double(), w.double(), bias64, act)
+        same = reference.linear_gelu(x, w, bias, act)
+    assert out.dtype == dtype, what
+    assert_within_rule(op, what, out, gold, same, dtype)
+
+
+def _run(x, w, b, act):
+    if act is None:
+        return ops.linear(x, w, b, backend="cpu")
+    return ops.linear_gelu(x, w, b, act, backend="cpu")
+
+
+@pytest.mark.parametrize("storage,dtype", PACKED)
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("m,k,n", SHAPES)
+@pytest.mark.parametrize("small_rows", [cpu_weights.SMALL_ROWS, 0], ids=["default", "no_small"])
+def test_packed_routes_match_float64(
+    storage, dtype, act, with_bias, m, k, n, small_rows, monkeypatch
+):
+    """``small_rows``: up to ``SMALL_ROWS`` rows an fp32 weight oneDNN holds runs on
+    the C++ GEMM reading oneDNN's panels; 0 sends every row count to oneDNN."""
+    monkeypatch.setattr(cpu_weights, "SMALL_ROWS", small_rows)
+    x, w, b = _operands(m, k, n, dtype, seed=m * 7 + n)
+    b = b if with_bias else None
+    pw = cpu_weights.PackedWeight.of(w, storage)
+    assert pw.storage == storage and pw.dtype == dtype
+    assert torch.equal(pw.dense(), w)  # the packed form holds exactly the weight
+    _check(_run(x, pw, b, act), x, w, b, act, dtype, f"{storage} {m}x{k}x{n} {act}")
+    # [B, S, K] inputs and a non-contiguous x take the same route
+    x3 = x.t().contiguous().t().reshape(1, m, k)
+    out3 = _run(x3, pw, b, act)
+    assert out3.shape == (1, m, n)
+    _check(out3[0], x, w, b, act, dtype, f"{storage} 3-D {m}x{k}x{n} {act}")
+
+
+@pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
+def test_small_rows_read_onednn_panels_in_place():
+    """At few rows the C++ GEMM reads the weight oneDNN holds, no second copy: its
+    panels are a view of oneDNN's buffer, bit for bit the weight in 64-wide panels."""
+    w = torch.randn(1000, 96)
+    pw = cpu_weights.PackedWeight.of(w, "onednn")
+    if pw._panels is None:
+        pytest.skip("oneDNN chose a weight layout other than 64-wide panels on this CPU")
+    panels = cpu_weights.packed_for_call(pw, cpu_weights.SMALL_ROWS)
+    assert panels.data_ptr() == torch.ops.mkldnn.data_ptr(pw._packed)
+    assert torch.equal(cpu_weights.unpack(panels, 1000, 96, panels.shape[2]), w)
+    assert cpu_weights.packed_for_call(pw, cpu_weights.SMALL_ROWS + 1) is pw._packed
+    # a layout that is not the weight's panels is never read as such
+    assert not cpu_weights._readable_panels(pw._packed, w.flip(0))
+
+
+@pytest.mark.parametrize("pack_rows", [None, 0], ids=["f_linear", "pack_per_call"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("m,k,n", SHAPES[:4])
+def test_plain_weight_routes_match_float64(pack_rows, dtype, act, m, k, n, monkeypatch):
+    monkeypatch.setattr(cpu_weights, "PACK_MIN_ROWS", pack_rows)
+    x, w, b = _operands(m, k, n, dtype, seed=m + n)
+    _check(_run(x, w, b, act), x, w, b, act, dtype, f"plain {m}x{k}x{n} {act}")
+
+
+@pytest.mark.parametrize("storage,dtype", PACKED)
+def test_packed_weight_contract(storage, dtype):
+    """Read-only, its values seen by torch ops, pickled / deep-copied as the weight."""
+    import copy
+
+    _, w, _ = _operands(4, 40, 70, dtype, seed=3)
+    pw = cpu_weights.PackedWeight.of(w, storage)
+    assert torch.equal(pw + 0, w) and torch.equal(pw[3], w[3]) and torch.equal(pw.t(), w.t())
+    with pytest.raises(RuntimeError, match="unpack_weights"):
+        pw.mul_(2)
+    with pytest.raises(RuntimeError, match="unpack_weights"):
+        pw[0].zero_()
+    assert torch.equal(pickle.loads(pickle.dumps(pw)), w)
+    twin = copy.deepcopy(pw)
+    assert isinstance(twin, cpu_weights.PackedWeight) and torch.equal(twin.dense(), w)
+    assert pw.dense().data_ptr() != pw.dense().data_ptr()  # a new tensor each time
+
+
+def test_env_route(monkeypatch):
+    for raw, want in (("own", "own"), ("torch", "torch"), (" OWN ", "own"), ("", None)):
+        monkeypatch.setenv("BERTFAST_CPU_GEMM", raw)
+        expect = want or ("onednn" if cpu_weights.ONEDNN else "own")
+        assert cpu_weights._env_route() == expect, raw
+    monkeypatch.setenv("BERTFAST_CPU_GEMM", "auto")
+    assert cpu_weights._env_route() == ("onednn" if cpu_weights.ONEDNN else "own")
+    monkeypatch.setenv("BERTFAST_CPU_GEMM", "mkl")
+    with pytest.raises(ValueError, match="BERTFAST_CPU_GEMM='mkl'.*auto, own, onednn, torch"):
+        cpu_weights._env_route()
+    monkeypatch.setenv("BERTFAST_CPU_GEMM", "onednn")
+    if cpu_weights.ONEDNN:
+        assert cpu_weights._env_route() == "onednn"
+    else:
+        with pytest.raises(ValueError, match="no oneDNN"):
+            cpu_weights._env_route()
+
+
+def test_storage_for_each_route(monkeypatch):
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert cpu_weights.storage_for(f32, "own") == "own"
+    assert cpu_weights.storage_for(bf16, "own") is None  # the C++ GEMM is fp32 only
+    assert cpu_weights.storage_for(f32, "torch") is None
+    assert cpu_weights.storage_for(torch.float16, "onednn") is None
+    if cpu_weights.ONEDNN:
+        assert cpu_weights.storage_for(f32, "onednn") == "onednn"
+        # bf16 on oneDNN only where the CPU has bf16 dot products; else torch's path
+        want = "onednn" if cpu_weights.NATIVE_BF16 else None
+        assert cpu_weights.storage_for(bf16, "onednn") == want
+    # a weight whose oneDNN form would be padded past MAX_PADDING takes own panels
+    monkeypatch.setattr(cpu_weights, "ROUTE", "onednn" if cpu_weights.ONEDNN else "own")
+    assert cpu_weights.pack_owned(torch.randn(384, 384)).storage == cpu_weights.storage_for(f32)
+    assert cpu_weights.pack_owned(torch.randn(96, 96)).storage == "own"
+    assert cpu_weights.pack_owned(torch.randn(4, 0)).storage == "own"
+
+
+ROUTES = ["own", "torch"] + (["onednn"] if cpu_weights.ONEDNN else [])
+
+
+@pytest.fixture(scope="module")
+def minilm_like(tmp_path_factory):
+    from ..models import build, save
+
+    # widths that are multiples of 64 (as every real checkpoint's), 2 layers
+    hf = build(
+        "bert", "base", hidden_size=128, intermediate_size=512, num_attention_heads=2,
+        num_hidden_layers=2,
+    )  # fmt: skip
+    return hf, save(hf, str(tmp_path_factory.mktemp("minilm_like")))
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_loaded_model_on_each_route(route, minilm_like, monkeypatch):
+    from ..models import make_batch
+
+    hf, folder = minilm_like
+    monkeypatch.setattr(cpu_weights, "ROUTE", route)
+    model = bertfast.from_pretrained(folder, backend="cpu")
+    want = cpu_weights.storage_for(torch.float32)
+    for name in ("qkv", "attn_out", "ffn_in", "ffn_out"):
+        w = getattr(model.layers, "0")._modules[name].weight
+        assert (w.storage if cpu_weights.is_packed(w) else None) == want, name
+    batch = make_batch("bert")
+    with torch.no_grad():
+        ref = hf(**batch).last_hidden_state
+    out = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].bool()
+    assert (out[mask] - ref[mask]).abs().max().item() <= 1e-4
+    # one copy of every weight: the packed forms are the weights' own size
+    plain = sum(p.numel() * p.element_size() for p in hf.state_dict().values())
+    assert model.weight_nbytes() <= 1.01 * plain
+
+
+@pytest.mark.skipif(not cpu_weights.NATIVE_BF16, reason="no native bf16 on this CPU")
+def test_loaded_bf16_model_runs_on_onednn(minilm_like, monkeypatch):
+    from ..models import make_batch
+
+    hf, folder = minilm_like
+    monkeypatch.setattr(cpu_weights, "ROUTE", "onednn")
+    model = bertfast.from_pretrained(folder, backend="cpu", dtype=torch.bfloat16)
+    w = model.layers._modules["0"].ffn_in.weight
+    assert cpu_weights.is_packed(w) and w.storage == "onednn" and w.dtype == torch.bfloat16
+    batch = make_batch("bert")
+    with torch.no_grad():
+        ref = hf(**batch).last_hidden_state
+    out = model(**batch).last_hidden_state
+    assert out.dtype == torch.bfloat16
+    mask = batch["attention_mask"].bool()
+    cos = torch.nn.functional.cosine_similarity(out[mask].float(), ref[mask], dim=-1)
+    assert cos.min().item() >= 0.999
+    plain = sum(p.numel() * 2 for p in hf.state_dict().values() if p.is_floating_point())
+    assert model.weight_nbytes() <= 1.01 * plain + 1024
