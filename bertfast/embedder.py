@@ -15,6 +15,7 @@ length limit. Pooling reads real tokens only (the attention mask), in fp32.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -327,10 +328,20 @@ class Embedder:
             batch["token_type_ids"] if getattr(self.model.config, "type_vocab_size", 1) else None
         )
         with torch.inference_mode():
-            out = self.model(
-                batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=types
-            )
-            return pool(out.last_hidden_state, batch["attention_mask"], self.pooling)
+            hidden = self._last_hidden(batch["input_ids"], batch["attention_mask"], types)
+            return pool(hidden, batch["attention_mask"], self.pooling)
+
+    def _last_hidden(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
+        """``[B, S, H]`` last hidden state. A bertfast model runs its encoder only
+        (``encode``): pooling needs no pooler output or head."""
+        from .model import BertfastModel
+
+        model = self.model
+        if isinstance(model, BertfastModel) and type(model).forward is BertfastModel.forward:
+            h, info, _ = model.encode(input_ids, attention_mask, token_type_ids)
+            return model._unpack(h, info)
+        out = model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return out.last_hidden_state
 
     def encode(
         self,
@@ -371,24 +382,27 @@ class Embedder:
         order = sorted(range(len(items)), key=lambda i: -len(items[i][0]))
         result = torch.empty((len(items), self.dim), dtype=torch.float32, device=self.device)
 
-        from tqdm.auto import tqdm
+        batches = token_budget_batches(
+            [len(items[i][0]) for i in order], order, batch_size, max_tokens
+        )
+        if show_progress:
+            from tqdm.auto import tqdm
 
-        with tqdm(
-            total=len(items),
-            disable=not show_progress,
-            unit="text",
-            desc="encoding",
-            dynamic_ncols=True,
-        ) as bar:
-            for index in token_budget_batches(
-                [len(items[i][0]) for i in order], order, batch_size, max_tokens
-            ):
+            bar = tqdm(total=len(items), unit="text", desc="encoding", dynamic_ncols=True)
+        else:
+            bar = contextlib.nullcontext()
+        with bar:
+            for index in batches:
                 batch = self.tokenizer.collate([items[i] for i in index])
                 vectors = self.embed_batch(batch)
                 if normalize:
                     vectors = F.normalize(vectors, p=2.0, dim=-1)
-                result[torch.tensor(index, device=self.device)] = vectors
-                bar.update(len(index))
+                if len(batches) == 1 and index == list(range(len(items))):
+                    result.copy_(vectors)  # one batch already in input order
+                else:
+                    result[torch.tensor(index, device=self.device)] = vectors
+                if show_progress:
+                    bar.update(len(index))
 
         if single:
             result = result[0]

@@ -18,6 +18,13 @@ Forward pass (``H`` hidden, ``T`` real tokens of the batch):
 6. heads on packed tokens / first real tokens; ``ops.unpack_tokens`` scatters
    ``[T, ...]`` back to ``[B, S, ...]`` only at the end.
 
+A batch with no padding skips the gathers of steps 3 and 6 (``PackInfo.dense``).
+On the ``cpu`` backend, in plain eager mode, steps 4 and 5 call the backend's
+implementations directly (``_plan`` / ``_layers_direct``: resolved once per
+backend, device and dtype; no per-call checks or dispatch), since the inputs were
+validated in step 1 and every activation is made here; see docs/design.md,
+"Per-call overhead and the CPU fast path".
+
 Host syncs: the value checks of step 1 and the packing counts of step 3 (real
 tokens, longest row) are read back to the host in one transfer; the ops after it
 are called with ``validate=False`` and nothing else in the forward pass waits for
@@ -33,7 +40,9 @@ zero. Poolers and first-token heads read each row's first *real* token.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -44,6 +53,7 @@ from .checkpoint import encoder_weight_specs, load_checkpoint
 from .config import EncoderConfig
 from .info import warn_if_slow_bf16
 from .ops import cpu_weights as _cpu_weights
+from .ops import dispatch as _dispatch
 from .ops import quant as _quant
 from .outputs import EncoderOutput
 from .validate import checkpoint_folder, load_options
@@ -92,6 +102,25 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
         ib = b.index if b.index is not None else torch.cuda.current_device()
         return ia == ib
     return True
+
+
+class _Plan(NamedTuple):
+    """The cpu backend's implementations of the encoder's ops, resolved once (see
+    ``BertfastModel._plan``); each takes the op's arguments without ``backend``."""
+
+    embed_layernorm: object
+    linear: object
+    linear_gelu: object
+    add_layernorm: object
+    attention_varlen: object
+
+
+def _param(mod: nn.Module, path: str) -> torch.Tensor:
+    """``mod.<a>.<b>`` by dict lookups (no ``nn.Module.__getattr__``)."""
+    *parts, leaf = path.split(".")
+    for part in parts:
+        mod = mod._modules[part]
+    return mod._parameters[leaf]
 
 
 class BertfastModel(nn.Module):
@@ -356,7 +385,8 @@ class BertfastModel(nn.Module):
             raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
         self._check_ids("input_ids", input_ids, None)
 
-        if attention_mask is None:
+        full = attention_mask is None  # every position real: counts known on the host
+        if full:
             attention_mask = torch.ones(B, S, dtype=torch.int32, device=input_ids.device)
         else:
             self._check_ids("attention_mask", attention_mask, (B, S), ids=False)
@@ -420,18 +450,28 @@ class BertfastModel(nn.Module):
                 position_ids = torch.arange(S, device=input_ids.device).expand(B, S)
                 fits(S - 1)
 
-        keep, lengths = ops.padding.mask_lengths(attention_mask)
         if torch.compiler.is_compiling():
             return attention_mask, token_type_ids, position_ids, None
+        if full:
+            keep, lengths = None, torch.full((B,), S, dtype=torch.int32, device=input_ids.device)
+        else:
+            keep, lengths = ops.padding.mask_lengths(attention_mask)
         # The one device -> host read of the forward pass.
         scalars = [t for tensors, _ in pending for t in tensors]
-        scalars += [lengths.sum(), lengths.max()]
-        values = torch.stack([t.to(torch.int64) for t in scalars]).tolist()
+        if not full:
+            scalars += [lengths.sum(), lengths.max()]
+        values = (
+            torch.stack(
+                [t if t.dtype == torch.int64 else t.to(torch.int64) for t in scalars]
+            ).tolist()
+            if scalars
+            else []
+        )
         at = 0
         for tensors, check in pending:
             check(*values[at : at + len(tensors)])
             at += len(tensors)
-        total, longest = values[at:]
+        total, longest = (B * S, S) if full else values[at:]
         return attention_mask, token_type_ids, position_ids, (keep, lengths, total, longest)
 
     # ------------------------------------------------------------------- pack
@@ -445,18 +485,39 @@ class BertfastModel(nn.Module):
         x = x.reshape(-1)
         if x.dtype != torch.int64:
             x = x.long()
+        if info.dense:  # every position is real: the packed layout is the flat one
+            return x
         return ops.pack_tokens(x, info.indices, backend=self.backend, validate=False)
 
     def _unpack(self, x: torch.Tensor, info) -> torch.Tensor:
+        if info.dense:
+            return x.view(info.batch, info.seqlen, *x.shape[1:])
         out = ops.unpack_tokens(
             x, info.indices, info.batch * info.seqlen, backend=self.backend, validate=False
         )
         return out.view(info.batch, info.seqlen, *x.shape[1:])
 
     # ---------------------------------------------------------------- encoder
-    def _embed(self, ids, pos, types):
+    def _embed(self, ids, pos, types, plan: _Plan | None = None):
         cfg = self.config
         emb = self.embeddings
+        if plan is not None:  # direct calls: the arguments are right by construction
+            mods = emb._modules
+            h = plan.embed_layernorm(
+                ids,
+                pos,
+                types,
+                emb._parameters["word"],
+                emb._parameters["position"],
+                emb._parameters["token_type"] if types is not None else None,
+                mods["ln"]._parameters["weight"],
+                mods["ln"]._parameters["bias"],
+                cfg.layer_norm_eps,
+            )
+            if cfg.has_projection:
+                project = mods["project"]._parameters
+                h = plan.linear(h, project["weight"], project["bias"])
+            return h
         h = ops.embed_layernorm(
             ids,
             pos,
@@ -498,6 +559,111 @@ class BertfastModel(nn.Module):
                 states.append(h)
         return h
 
+    def _layers_direct(self, h, plan: _Plan, info, states=None):
+        """``_layers`` on packed tokens with the cpu backend's functions called
+        directly (``_plan``): no per-call checks or dispatch. The activations are
+        made here (shapes right by construction, dtype and device the model's), the
+        weights were checked at load (shapes) and when the plan was made (dtype,
+        device); the C++ bindings check every size they rely on regardless."""
+        cfg = self.config
+        eps, act = cfg.layer_norm_eps, cfg.hidden_act
+        nh, scale = cfg.num_heads, cfg.head_dim**-0.5
+        cu, max_len = info.cu_seqlens, info.max_seqlen
+        linear, linear_gelu = plan.linear, plan.linear_gelu
+        add_ln, attention = plan.add_layernorm, plan.attention_varlen
+        layers = self.layers._modules
+        for idx in cfg.layer_schedule():
+            L = layers[str(idx)]._modules
+            qkv, out, attn_ln = L["qkv"]._parameters, L["attn_out"]._parameters, L["attn_ln"]
+            ffn_in, ffn_out, ffn_ln = L["ffn_in"]._parameters, L["ffn_out"]._parameters, L["ffn_ln"]
+            ctx = attention(linear(h, qkv["weight"], qkv["bias"]), cu, max_len, nh, scale)
+            a = linear(ctx, out["weight"], None)
+            ln = attn_ln._parameters
+            h = add_ln(a, h, out["bias"], ln["weight"], ln["bias"], eps)
+            f = linear_gelu(h, ffn_in["weight"], ffn_in["bias"], act)
+            o = linear(f, ffn_out["weight"], None)
+            ln = ffn_ln._parameters
+            h = add_ln(o, h, ffn_out["bias"], ln["weight"], ln["bias"], eps)
+            if states is not None:
+                states.append(h)
+        return h
+
+    def _plan(self) -> _Plan | None:
+        """The cpu backend's implementations of the encoder's ops when this forward
+        may call them directly, else None (the ops then run through their public
+        entry points: checks, dispatch, custom-op registration).
+
+        Direct calls are taken in plain eager mode only (not while compiling or under
+        a torch_dispatch mode: those must see the registered ops) and only when the
+        backend ``backend`` (and ``BERTFAST_BACKEND``) resolves to is ``cpu`` for
+        every op of the encoder. The resolution is made once per (backend,
+        ``BERTFAST_BACKEND``, device, dtype) and cached; a model moved or cast
+        (``.to()``) resolves again."""
+        if torch.compiler.is_compiling() or ops._dispatch_stack_len() != 0:
+            return None
+        word = self.embeddings._parameters["word"]
+        key = (self.backend, os.environ.get("BERTFAST_BACKEND"), word.device, word.dtype)
+        cached = self.__dict__.get("_plan_cache")
+        if cached is None or cached[0] != key:
+            cached = (key, self._resolve_plan(word))
+            self.__dict__["_plan_cache"] = cached
+        return cached[1]
+
+    def _resolve_plan(self, word: torch.Tensor) -> _Plan | None:
+        if word.device.type != "cpu" or type(word) is not nn.Parameter:
+            return None
+        dtype, device = word.dtype, word.device
+        for _, p in self.named_parameters(remove_duplicate=False):
+            if p.dtype != dtype or p.device != device:
+                return None  # mixed weights: the op checks name the culprit
+        cfg = self.config
+        L = self.layers._modules[str(cfg.layer_schedule()[0])]
+        w_in = _param(L, "ffn_in.weight")
+        x = word.new_empty(0, w_in.shape[1])
+        ids = torch.zeros(0, dtype=torch.int64)
+        emb = self.embeddings
+        types_table = emb._parameters.get("token_type")
+        samples = {
+            "embed_layernorm": (
+                ids,
+                ids,
+                ids if types_table is not None else None,
+                word,
+                emb._parameters["position"],
+                types_table,
+                _param(emb, "ln.weight"),
+                _param(emb, "ln.bias"),
+                cfg.layer_norm_eps,
+            ),
+            "linear": (x, w_in, None),
+            "linear_gelu": (x, w_in, None, cfg.hidden_act),
+            "add_layernorm": (x, x, None, x[:, 0], x[:, 0], cfg.layer_norm_eps),
+            "attention_varlen": (
+                word.new_empty(0, 3 * cfg.hidden_size),
+                torch.zeros(1, dtype=torch.int32),
+                0,
+                cfg.num_heads,
+                cfg.head_dim**-0.5,
+            ),
+        }
+        cpu = _dispatch.get_backend("cpu")
+        impls = {}
+        for op, args in samples.items():
+            try:
+                impl = _dispatch.select(op, self.backend, "cpu", dtype, args)
+            except (_dispatch.BackendError, ValueError):
+                return None
+            if getattr(cpu, "ops", {}).get(op) is not impl:
+                return None
+            impls[op] = impl
+        return _Plan(
+            impls["embed_layernorm"],
+            impls["linear"],
+            impls["linear_gelu"],
+            impls["add_layernorm"],
+            impls["attention_varlen"],
+        )
+
     def encode(
         self,
         input_ids,
@@ -534,8 +700,11 @@ class BertfastModel(nn.Module):
         ids_p = self._pack(input_ids, info)
         pos_p = self._pack(pos, info)
         types_p = self._pack(types, info) if types is not None else None
-        h = self._embed(ids_p, pos_p, types_p)
+        plan = self._plan() if counts is not None and type(input_ids) is torch.Tensor else None
+        h = self._embed(ids_p, pos_p, types_p, plan)
         states = [h] if output_hidden_states else None
+        if plan is not None:
+            return self._layers_direct(h, plan, info, states), info, states
         nh, scale = cfg.num_heads, cfg.head_dim**-0.5
         cu, max_len, be = info.cu_seqlens, info.max_seqlen, self.backend
         h = self._layers(

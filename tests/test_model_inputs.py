@@ -269,7 +269,7 @@ def test_backend_is_passed_to_every_op(folders, monkeypatch):
 
         monkeypatch.setattr(ops, name, spy)
     model = bertfast.from_pretrained(folders[("bert", "sequence_classification")], backend="torch")
-    model(ids())
+    model(ids(), attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))  # padded
     assert set(calls) == {
         "embed_layernorm",
         "add_layernorm",

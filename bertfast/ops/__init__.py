@@ -39,6 +39,10 @@ dtypes and devices are still checked) for a caller that has checked the values
 itself. The model does so: it validates its inputs once per forward with a single
 device-to-host read, and its internal op calls pass ``validate=False``, so the
 forward pass does not sync per layer.
+
+On the ``cpu`` backend in plain eager mode the model goes one step further and
+calls the backend's implementations directly (``BertfastModel._plan``), skipping
+these entry points altogether; every other caller gets the checks above.
 """
 
 from __future__ import annotations

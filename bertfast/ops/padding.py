@@ -35,6 +35,9 @@ class PackInfo:
     max_seqlen: int  # longest row in real tokens (eager); S while compiling
     batch: int
     seqlen: int
+    #: every position is a real token (no padding): ``indices`` is ``arange(B * S)``
+    #: and packing / unpacking are plain reshapes (eager only; False while compiling)
+    dense: bool = False
 
     @property
     def total_tokens(self) -> int:
@@ -68,16 +71,21 @@ def _cu_seqlens(lengths: torch.Tensor) -> torch.Tensor:
 
 def pack_info_from_counts(
     attention_mask: torch.Tensor,
-    keep: torch.Tensor,
+    keep: torch.Tensor | None,
     lengths: torch.Tensor,
     total: int,
     max_seqlen: int,
 ) -> PackInfo:
     """``PackInfo`` of a mask whose real-token count ``total`` and longest row
     ``max_seqlen`` the caller has already read back (``keep``/``lengths`` from
-    :func:`mask_lengths`): no host sync. The counts must be the mask's."""
+    :func:`mask_lengths`): no host sync. The counts must be the mask's; ``keep`` may
+    be None when every position is real (``total == B * S``)."""
     B, S = attention_mask.shape
-    indices = torch.nonzero_static(keep, size=int(total)).squeeze(1)
+    total = int(total)
+    if total == B * S and total > 0:  # nothing padded: no gather needed
+        indices = torch.arange(total, device=lengths.device)
+        return PackInfo(indices, _cu_seqlens(lengths), int(max_seqlen), B, S, dense=True)
+    indices = torch.nonzero_static(keep, size=total).squeeze(1)
     return PackInfo(indices, _cu_seqlens(lengths), int(max_seqlen), B, S)
 
 
