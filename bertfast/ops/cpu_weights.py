@@ -167,8 +167,12 @@ def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
     """The packed weight the GEMM should use for ``weight`` at ``rows`` rows, or
     None for torch's. Never cached: a plain weight is read at every call."""
     if isinstance(weight, PackedWeight):
-        if weight._panels is not None and (rows <= SMALL_ROWS or not weight._packed.is_mkldnn):
-            return weight._panels  # the C++ GEMM (on oneDNN's buffer at few rows)
+        if weight._panels is not None and (
+            rows <= SMALL_ROWS or not weight._packed.is_mkldnn or onednn_rows(rows) != rows
+        ):
+            # the C++ GEMM (on oneDNN's buffer): few rows, or a row count oneDNN is
+            # not given (see ``onednn_rows``)
+            return weight._panels
         return weight._packed
     if (
         PACK_MIN_ROWS is not None
@@ -184,6 +188,25 @@ def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
 #: (it reads those panels in place: no second copy). Below ~128 rows the C++ GEMM
 #: is ahead of oneDNN (16x384x1152: 0.056 vs 0.077 ms), above it behind.
 SMALL_ROWS = 64
+
+def onednn_rows(rows: int) -> int:
+    """The row count a oneDNN GEMM of ``rows`` rows runs at: ``rows`` up to
+    ``SMALL_ROWS``, above rounded up to one of four sizes per octave (64, 80, 96,
+    112, 128, 160, ..., 3072, 3584, 4096, 5120, ...).
+
+    Why: oneDNN builds and caches a primitive per input shape, and each one keeps a
+    buffer of about rows x N x 4 bytes (measured: 20 row counts near 3000 at N =
+    1536 grew the process by 371 MB). Fed every row count a ragged or streaming
+    workload produces, memory grows by hundreds of MB; fed these sizes only, it is
+    bounded by the sizes seen (a model keeps about ``rows x sum(N) x 4`` bytes per
+    size: MiniLM at 4096 rows, 57 MB). fp32 calls at other row counts run the C++
+    GEMM on oneDNN's panels (no padding, ~10-15% slower at thousands of rows); bf16
+    calls are padded with zero rows up to the size (at most 25% more rows)."""
+    if rows <= SMALL_ROWS:
+        return rows
+    step = 1 << max((rows - 1).bit_length() - 3, 0)
+    return -(-rows // step) * step
+
 
 #: oneDNN's fp32 inner-product weight layout on AVX-512: [N / 64][K][64] (``Ab64a``),
 #: i.e. the C++ GEMM's panels 64 wide. Checked on each weight at load (see
@@ -223,7 +246,14 @@ def linear_panels(
     b = None if bias is None else bias.contiguous()
     if packed.is_mkldnn:
         post_op, algorithm = _ONEDNN_POST_OPS[activation]
-        out = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, b, post_op, [], algorithm)
+        lead, K = x.shape[:-1], x.shape[-1]
+        x = x.reshape(-1, K).contiguous()
+        M = x.shape[0]
+        rows = onednn_rows(M)
+        if rows != M:  # zero rows up to a size oneDNN is given (see ``onednn_rows``)
+            x = torch.cat([x, x.new_zeros(rows - M, K)])
+        out = torch.ops.mkldnn._linear_pointwise(x, packed, b, post_op, [], algorithm)
+        out = (out[:M] if rows != M else out).view(*lead, out.shape[-1])
         return out.relu_() if activation == "relu" else out
     return _kernels.linear_packed(x.contiguous(), packed, b, out_features, activation, True)
 

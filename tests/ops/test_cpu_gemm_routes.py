@@ -114,9 +114,41 @@ def test_small_rows_read_onednn_panels_in_place():
     panels = cpu_weights.packed_for_call(pw, cpu_weights.SMALL_ROWS)
     assert panels.data_ptr() == torch.ops.mkldnn.data_ptr(pw._packed)
     assert torch.equal(cpu_weights.unpack(panels, 1000, 96, panels.shape[2]), w)
-    assert cpu_weights.packed_for_call(pw, cpu_weights.SMALL_ROWS + 1) is pw._packed
+    # above SMALL_ROWS: oneDNN at the row counts it is given, the panels at others
+    big = cpu_weights.onednn_rows(cpu_weights.SMALL_ROWS + 1)
+    assert cpu_weights.packed_for_call(pw, big) is pw._packed
+    assert cpu_weights.packed_for_call(pw, big + 1).data_ptr() == panels.data_ptr()
     # a layout that is not the weight's panels is never read as such
     assert not cpu_weights._readable_panels(pw._packed, w.flip(0))
+
+
+def test_onednn_row_sizes_are_few_and_cover_every_count():
+    """oneDNN keeps a buffer per row count it sees, so it is given at most four row
+    counts per octave above SMALL_ROWS: each count maps to the smallest such size
+    >= it, less than 25% above it, and a size maps to itself."""
+    sizes = {cpu_weights.onednn_rows(m) for m in range(1, 20001)}
+    above = sorted(r for r in sizes if r > cpu_weights.SMALL_ROWS)
+    assert len(above) <= 4 * 9  # 64 .. 32768: nine octaves
+    for m in range(1, 20001):
+        r = cpu_weights.onednn_rows(m)
+        assert m <= r < max(m * 1.25, m + 1) and cpu_weights.onednn_rows(r) == r
+        if m <= cpu_weights.SMALL_ROWS:
+            assert r == m
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_onednn_padded_rows_match_float64(dtype):
+    """Row counts between oneDNN's sizes: bf16 pads to the next size, fp32 reads the
+    panels (or pads where oneDNN's layout is not panels); the result has the input's
+    rows, and equals float64."""
+    if not (ONEDNN_BF16 if dtype == torch.bfloat16 else cpu_weights.ONEDNN):
+        pytest.skip(f"no oneDNN {dtype} here")
+    for m in (65, 81, 130, 3001):
+        x, w, b = _operands(m, 64, 128, dtype, seed=m)
+        pw = cpu_weights.PackedWeight.of(w, "onednn")
+        out = _run(x, pw, b, "gelu")
+        assert out.shape == (m, 128)
+        _check(out, x, w, b, "gelu", dtype, f"onednn rows={m}")
 
 
 @pytest.mark.parametrize("pack_rows", [None, 0], ids=["f_linear", "pack_per_call"])
