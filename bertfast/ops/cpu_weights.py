@@ -189,6 +189,7 @@ def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
 #: is ahead of oneDNN (16x384x1152: 0.056 vs 0.077 ms), above it behind.
 SMALL_ROWS = 64
 
+
 def onednn_rows(rows: int) -> int:
     """The row count a oneDNN GEMM of ``rows`` rows runs at: ``rows`` up to
     ``SMALL_ROWS``, above rounded up to one of four sizes per octave (64, 80, 96,
