@@ -236,3 +236,25 @@ def test_report_keeps_int8_apart():
     assert "not met" in target and "0.91x vs OV" in target
     # the int8 row is compared with the best bertfast fp32 row: 11 / 4
     assert "2.75 (bertfast-cpu)" in int8_part
+
+
+def test_bertfast_bf16_row_runs_bf16_in_a_float32_run(checkpoint):
+    """``bertfast-cpu-bf16``: a low-precision row (no fp32 ratios) whose output is the
+    bf16 model's, close to transformers fp32 within the bf16 parity tolerance and not
+    bit-equal to bertfast fp32 (it really ran in bf16)."""
+    from bertfast.bench.providers import BertfastProvider, provider_by_name
+
+    pr = provider_by_name("bertfast-cpu-bf16", "cpu")
+    assert pr.int8 and pr.precision == "bfloat16" and not pr.is_bertfast
+    if pr.unavailable("cpu", FP32):
+        pytest.skip(pr.unavailable("cpu", FP32))
+    batch = _batch()
+    got = pr.load(checkpoint, "cpu", FP32)(batch)
+    fp32 = BertfastProvider("cpu").load(checkpoint, "cpu", FP32)(batch)
+    ref = TransformersProvider("eager").load(checkpoint, "cpu", FP32)(batch)
+    assert got.dtype == FP32
+    err = parity_error(got, ref, batch.attention_mask)
+    assert 0 < err <= pr.parity_tol(FP32) == PARITY_TOL[torch.bfloat16]
+    assert parity_error(got, fp32, batch.attention_mask) > parity_error(
+        fp32, ref, batch.attention_mask
+    )

@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma list (default: transformers-eager, transformers-sdpa and "
         "bertfast-<backend> for each usable backend); peers: onnxruntime, openvino "
         "(openvino-latency / openvino-throughput force a hint), ctranslate2, "
-        "onnxruntime-int8, ctranslate2-int8; bertfast int8: bertfast-cpu-int8; "
+        "onnxruntime-int8, ctranslate2-int8; bertfast int8 / bf16: bertfast-cpu-int8, "
+        "bertfast-cpu-bf16; "
         "'builtin' and 'peers' name each group",
     )
     p.add_argument(
@@ -267,6 +268,7 @@ def _measure(runners, shapes, dims, vocab, args, ceiling, dtype) -> tuple[list[d
                     "shape": label,
                     "provider": n,
                     "int8": pr.int8,
+                    "precision": pr.precision or ("int8" if pr.int8 else str(dtype)[6:]),
                     "median_ms": st.median * 1e3,
                     "iqr_ms": st.iqr * 1e3,
                     "seq_per_s": len(lengths) / st.median,

@@ -14,6 +14,7 @@ __all__ = [
     "Provider",
     "BertfastProvider",
     "BertfastInt8Provider",
+    "BertfastBf16Provider",
     "TransformersProvider",
     "bertfast_backends",
     "builtin_providers",
@@ -29,8 +30,11 @@ class Provider:
     is_bertfast = False
     #: Baselines are measured first on every workload so bertfast rows can carry ratios.
     is_baseline = True
-    #: Int8 peers: checked against INT8_PARITY_TOL and reported apart from fp32 rows.
+    #: Low-precision rows (int8 peers and bertfast int8 / bf16): no ratios against the
+    #: fp32 rows, reported apart from them; int8 ones are checked against INT8_PARITY_TOL.
     int8 = False
+    #: What the row computes in, when not the run's dtype ("int8", "bfloat16").
+    precision: str | None = None
 
     def parity_tol(self, dtype: torch.dtype) -> float:
         """Largest max-abs error on real tokens that still counts as correct."""
@@ -91,6 +95,7 @@ class BertfastInt8Provider(BertfastProvider):
     NAME = "bertfast-cpu-int8"
     is_bertfast = False  # not one of the fp32 bertfast rows (--backend leaves it alone)
     int8 = True
+    precision = "int8"
 
     def __init__(self):
         self.backend = "cpu"
@@ -119,6 +124,35 @@ class BertfastInt8Provider(BertfastProvider):
             ).last_hidden_state
 
         return run
+
+
+class BertfastBf16Provider(BertfastProvider):
+    """``bertfast-cpu-bf16``: ``from_pretrained(..., backend="cpu",
+    dtype=torch.bfloat16)`` in a float32 run, so its time sits beside bertfast fp32 and
+    the int8 rows of the same run (bf16 GEMMs on oneDNN, attention on AMX /
+    ``vdpbf16ps`` where the CPU has them). A low-precision row: no fp32 ratios, parity
+    within the bf16 tolerance."""
+
+    NAME = "bertfast-cpu-bf16"
+    is_bertfast = False
+    int8 = True  # reported apart from the fp32 rows
+    precision = "bfloat16"
+
+    def __init__(self):
+        self.backend = "cpu"
+        self.name = self.NAME
+
+    def parity_tol(self, dtype):
+        from .parity import PARITY_TOL
+
+        return PARITY_TOL.get(torch.bfloat16, 5e-2)
+
+    def unavailable(self, device, dtype):
+        return super().unavailable(device, torch.bfloat16)
+
+    def load(self, model_path, device, dtype):
+        run = super().load(model_path, device, torch.bfloat16)
+        return lambda batch: run(batch).float()
 
 
 class TransformersProvider(Provider):
@@ -183,6 +217,7 @@ def provider_by_name(name: str, device: str) -> Provider:
 
     known = {p.name: p for p in builtin_providers(device) + peer_providers(device)}
     known[BertfastInt8Provider.NAME] = BertfastInt8Provider()
+    known[BertfastBf16Provider.NAME] = BertfastBf16Provider()
     for hint in OpenVinoProvider.HINTS:
         p = OpenVinoProvider(hint)
         known[p.name] = p
