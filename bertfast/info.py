@@ -88,7 +88,6 @@ def low_precision_paths(flags: list[str] | None = None) -> dict[str, str]:
     (``__builtin_cpu_supports`` / cpuid; ``BERTFAST_CPU_ATTENTION_ISA=avx512bf16``,
     ``avx512`` or ``avx2`` forces a lesser path, and is honoured here too)."""
     have = _flag_set(flags)
-    native = native_dot_products(sorted(have))
     forced = os.environ.get("BERTFAST_CPU_ATTENTION_ISA", "").strip()
     avx512 = all(f in have for f in _AVX512) and forced != "avx2"
     bf16_dot = avx512 and "avx512_bf16" in have and forced != "avx512"
@@ -106,11 +105,20 @@ def low_precision_paths(flags: list[str] | None = None) -> dict[str, str]:
     elif "avx512_bf16" in have:
         gemm = "oneDNN bf16 on avx512_bf16"
     else:
-        gemm = "oneDNN emulating bf16 in fp32 (no avx512_bf16 / amx_bf16), slower than fp32"
-    if native["int8"]:
-        int8 = f"integer dot products on {' / '.join(native['int8'])}"
+        gemm = "torch's bf16 matmul (no avx512_bf16 / amx_bf16), slower than fp32"
+    # kernels/cpu/qgemm.cpp: AMX tiles when amx_int8 (and the OS grants the tiles) for
+    # K % 64 == 0, vpdpbusd with AVX-512 VNNI, else the exact AVX2 kernel;
+    # BERTFAST_CPU_INT8_ISA=vnni / avx2 forces a lesser one.
+    forced8 = os.environ.get("BERTFAST_CPU_INT8_ISA", "").strip().lower()
+    vnni = all(f in have for f in _AVX512) and "avx512_vnni" in have and forced8 != "avx2"
+    if vnni and "amx_int8" in have and forced8 not in ("vnni", "avx2"):
+        int8 = "AMX tiles (amx_int8; vpdpbusd where K % 64 != 0), int32 sums"
+    elif vnni:
+        why = f"; BERTFAST_CPU_INT8_ISA={forced8}" if forced8 else ""
+        int8 = f"vpdpbusd (avx512_vnni{why}), int32 sums"
     else:
-        int8 = "no VNNI: AVX2 integer fallback"
+        why = f"BERTFAST_CPU_INT8_ISA={forced8}" if forced8 else "no AVX-512 VNNI"
+        int8 = f"exact AVX2 integer kernel ({why}), slower than the fp32 GEMM"
     return {"bf16_attention": attention, "bf16_gemm": gemm, "int8": int8}
 
 

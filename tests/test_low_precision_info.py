@@ -30,22 +30,31 @@ def test_native_dot_products_from_flags():
 
 def test_low_precision_paths(monkeypatch):
     monkeypatch.delenv("BERTFAST_CPU_ATTENTION_ISA", raising=False)
+    monkeypatch.delenv("BERTFAST_CPU_INT8_ISA", raising=False)
     fast = info.low_precision_paths(SPR)
     assert fast["bf16_attention"].startswith("AMX")
     no_amx = [f for f in SPR if f != "amx_bf16"]
     assert info.low_precision_paths(no_amx)["bf16_attention"].startswith("vdpbf16ps")
     assert "AMX" in fast["bf16_gemm"]
-    assert "avx512_vnni" in fast["int8"]
+    assert fast["int8"].startswith("AMX tiles (amx_int8")
+    no_amx8 = [f for f in SPR if f != "amx_int8"]
+    assert info.low_precision_paths(no_amx8)["int8"].startswith("vpdpbusd (avx512_vnni")
+    # AVX-VNNI alone (no AVX-512): qgemm.cpp runs its AVX2 kernel
+    assert "AVX2" in info.low_precision_paths(ZEN3 + ["avx_vnni"])["int8"]
     slow = info.low_precision_paths(ZEN3)
     assert "fp32 math" in slow["bf16_attention"] and "AVX2" in slow["bf16_attention"]
     assert "no avx512_bf16" in slow["bf16_attention"]
-    assert "emulating" in slow["bf16_gemm"]
-    assert "no VNNI" in slow["int8"]
+    assert "torch's bf16 matmul" in slow["bf16_gemm"]
+    assert "no AVX-512 VNNI" in slow["int8"]
     monkeypatch.setenv("BERTFAST_CPU_ATTENTION_ISA", "avx512bf16")
     assert info.low_precision_paths(SPR)["bf16_attention"].startswith("vdpbf16ps")
     monkeypatch.setenv("BERTFAST_CPU_ATTENTION_ISA", "avx512")
     forced = info.low_precision_paths(SPR)["bf16_attention"]
     assert "AVX-512" in forced and "BERTFAST_CPU_ATTENTION_ISA=avx512" in forced
+    monkeypatch.setenv("BERTFAST_CPU_INT8_ISA", "vnni")
+    assert info.low_precision_paths(SPR)["int8"].startswith("vpdpbusd")
+    monkeypatch.setenv("BERTFAST_CPU_INT8_ISA", "avx2")
+    assert "BERTFAST_CPU_INT8_ISA=avx2" in info.low_precision_paths(SPR)["int8"]
 
 
 @pytest.fixture(scope="module")
