@@ -33,59 +33,20 @@ on the device (never the Triton interpreter on CPU).
 
 from __future__ import annotations
 
-import time
-
-import torch
 from workloads import CACHE
 
 from bertfast.bench import (
-    Batch,
     BertfastProvider,
+    CompileProvider,
     CTranslate2Provider,
     OnnxRuntimeProvider,
     OpenVinoProvider,
     Provider,
     TransformersProvider,
     bertfast_backends,
-    make_batch,
 )
 
 __all__ = ["providers", "CompileProvider", "OnnxRuntimeProvider", "BASELINES", "INT8_PEERS"]
-
-
-class CompileProvider(TransformersProvider):
-    """``torch.compile`` of the transformers SDPA model."""
-
-    def __init__(self):
-        super().__init__("sdpa", name="torch-compile")
-
-    def unavailable(self, device, dtype):
-        reason = super().unavailable(device, dtype)
-        if reason:
-            return reason
-        if not hasattr(torch, "compile"):
-            return "torch.compile not available in this torch"
-        return None
-
-    def load(self, model_path, device, dtype):
-        model = self.load_module(model_path, device, dtype)
-        compiled = torch.compile(model)
-
-        @torch.inference_mode()
-        def run(batch: Batch):
-            return compiled(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                token_type_ids=batch.token_type_ids,
-            ).last_hidden_state
-
-        # Compile now (static, then dynamic shapes after the second shape), so a
-        # compiler failure is a load failure and compile time stays out of timings.
-        t0 = time.perf_counter()
-        for shape in ((2, 16), (3, 24)):
-            run(make_batch([shape[1]] * shape[0], 1000, device=device))
-        run.info = {"compile_s": round(time.perf_counter() - t0, 1)}
-        return run
 
 
 #: Names of the baseline providers, in the order they are measured.

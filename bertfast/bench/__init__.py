@@ -34,6 +34,7 @@ from .parity import INT8_PARITY_TOL, PARITY_TOL, parity_error
 from .peers import CTranslate2Provider, OnnxRuntimeProvider, OpenVinoProvider, peer_providers
 from .providers import (
     BertfastProvider,
+    CompileProvider,
     Provider,
     TransformersProvider,
     bertfast_backends,
@@ -89,6 +90,7 @@ __all__ = [
     "parity_error",
     "Provider",
     "BertfastProvider",
+    "CompileProvider",
     "TransformersProvider",
     "bertfast_backends",
     "builtin_providers",

@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bertfast-<backend> for each usable backend); peers: onnxruntime, openvino "
         "(openvino-latency / openvino-throughput force a hint), ctranslate2, "
         "onnxruntime-int8, ctranslate2-int8; bertfast int8 / bf16: bertfast-cpu-int8, "
-        "bertfast-cpu-bf16; "
+        "bertfast-cpu-bf16; torch-compile (the SDPA model compiled); "
         "'builtin' and 'peers' name each group",
     )
     p.add_argument(

@@ -4,11 +4,13 @@ torch.compile and ONNX Runtime on top of these."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
 
 from .workload import Batch
+from .workload import make_batch as _make_batch
 
 __all__ = [
     "Provider",
@@ -16,6 +18,7 @@ __all__ = [
     "BertfastInt8Provider",
     "BertfastBf16Provider",
     "TransformersProvider",
+    "CompileProvider",
     "bertfast_backends",
     "builtin_providers",
     "provider_by_name",
@@ -189,6 +192,41 @@ class TransformersProvider(Provider):
         return run
 
 
+class CompileProvider(TransformersProvider):
+    """``torch.compile`` of the transformers SDPA model."""
+
+    def __init__(self):
+        super().__init__("sdpa", name="torch-compile")
+
+    def unavailable(self, device, dtype):
+        reason = super().unavailable(device, dtype)
+        if reason:
+            return reason
+        if not hasattr(torch, "compile"):
+            return "torch.compile not available in this torch"
+        return None
+
+    def load(self, model_path, device, dtype):
+        model = self.load_module(model_path, device, dtype)
+        compiled = torch.compile(model)
+
+        @torch.inference_mode()
+        def run(batch: Batch):
+            return compiled(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                token_type_ids=batch.token_type_ids,
+            ).last_hidden_state
+
+        # Compile now (static, then dynamic shapes after the second shape), so a
+        # compiler failure is a load failure and compile time stays out of timings.
+        t0 = time.perf_counter()
+        for shape in ((2, 16), (3, 24)):
+            run(_make_batch([shape[1]] * shape[0], 1000, device=device))
+        run.info = {"compile_s": round(time.perf_counter() - t0, 1)}
+        return run
+
+
 def bertfast_backends(device: str) -> list[str]:
     """Backends bertfast can run on ``device`` (never the Triton interpreter on CPU)."""
     try:
@@ -218,6 +256,7 @@ def provider_by_name(name: str, device: str) -> Provider:
     known = {p.name: p for p in builtin_providers(device) + peer_providers(device)}
     known[BertfastInt8Provider.NAME] = BertfastInt8Provider()
     known[BertfastBf16Provider.NAME] = BertfastBf16Provider()
+    known["torch-compile"] = CompileProvider()
     for hint in OpenVinoProvider.HINTS:
         p = OpenVinoProvider(hint)
         known[p.name] = p
