@@ -801,6 +801,11 @@ void attention_impl(T* out, const T* qkv, const std::vector<Sequence>& seqs, int
       for (int64_t q0 = 0; q0 < seqs[s].len; q0 += BLOCK_M) tasks.push_back({s, h, q0});
     work += seqs[s].len * seqs[s].len * num_heads * d;
   }
+  // Longest sequences first: with the dynamic schedule the short tasks left at the
+  // end even out the threads of a ragged batch.
+  std::stable_sort(tasks.begin(), tasks.end(), [&seqs](const Task& a, const Task& b) {
+    return seqs[a.seq].len > seqs[b.seq].len;
+  });
   const int64_t ntasks = static_cast<int64_t>(tasks.size());
   if (ntasks == 0) return;
   int nt = threads_for(work, 1 << 16, num_threads);
