@@ -242,10 +242,21 @@ template <int L>
 BF_INLINE void softmax_lanes(float* BF_RESTRICT st, int64_t nkeys, float* BF_RESTRICT m,
                              float* BF_RESTRICT l, float* BF_RESTRICT alpha) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  float mx[L], off[L], sum[L];
-  for (int c = 0; c < L; ++c) mx[c] = m[c];
-  for (int64_t j = 0; j < nkeys; ++j)
+  // The max in four interleaved chains (the order does not matter, NaN included: a
+  // NaN score makes its own p NaN whatever the max is).
+  float mx[L], mx1[L], mx2[L], mx3[L], off[L], sum[L];
+  for (int c = 0; c < L; ++c) mx[c] = mx1[c] = mx2[c] = mx3[c] = m[c];
+  int64_t j = 0;
+  for (; j + 4 <= nkeys; j += 4)
+    for (int c = 0; c < L; ++c) {
+      mx[c] = fmax_(mx[c], st[j * L + c]);
+      mx1[c] = fmax_(mx1[c], st[(j + 1) * L + c]);
+      mx2[c] = fmax_(mx2[c], st[(j + 2) * L + c]);
+      mx3[c] = fmax_(mx3[c], st[(j + 3) * L + c]);
+    }
+  for (; j < nkeys; ++j)
     for (int c = 0; c < L; ++c) mx[c] = fmax_(mx[c], st[j * L + c]);
+  for (int c = 0; c < L; ++c) mx[c] = fmax_(fmax_(mx[c], mx1[c]), fmax_(mx2[c], mx3[c]));
   for (int c = 0; c < L; ++c) {
     off[c] = mx[c] == kNegInf ? 0.0f : mx[c];
     alpha[c] = fast_exp(m[c] - off[c]);  // exp(-inf) == 0 on the first block
