@@ -9,15 +9,15 @@
 //
 // Work split: one task = (sequence, head, block of BLOCK_M query rows); OpenMP
 // dynamic schedule over tasks. A task first copies its head's real keys into fp32
-// scratch, K transposed ([key blocks][d][BLOCK_N], keys padded to BLOCK_N) and V ([keys][dpad],
-// head_dim padded to a multiple of 16) - O(S * d) memory, whatever the storage
-// dtype. Masked keys are simply left out, so no score is ever masked except the
-// tail of the last key block. Then ROWS query rows at a time go through the key
-// blocks with an online softmax (fp32 running max and sum):
-//   scores  s[ROWS][BLOCK_N] = q . Kt
+// scratch (row-major K [keys][d] and V [keys][dpad]; O(S * d) memory, whatever the
+// storage dtype), prefetching the strided token rows ahead. Masked keys are simply
+// left out, so no score is ever masked. Then a group of query rows at a time, one
+// query per vector lane, goes through the keys, BLOCK_N at a time, with an online
+// softmax (fp32 running max and sum per lane):
+//   scores  s[keys][lanes] = K . q^T
 //   p = exp(s - m_new), l = l * alpha + sum p, o = o * alpha + p V
-//   (micro-kernels over 2 vectors of keys / head dims x ROWS rows, accumulators in
-//   registers; AVX-512 or AVX2 variant chosen at run time, see below)
+// (register-blocked micro-kernels, AVX-512 or AVX2 chosen at run time; see the
+// fp32-math path below).
 //
 // bf16 storage on a CPU with AVX512-BF16 takes a path of its own (bf16_task):
 // Q K^T and P V on AMX tiles (tdpbf16ps, where the CPU has amx_bf16 and Linux grants
@@ -54,12 +54,9 @@ namespace {
 constexpr int64_t BLOCK_M = 256;  // query rows per task (K / V are packed once per task)
 constexpr int64_t BLOCK_N = 128;  // keys per online-softmax step
 
-// The two micro-kernels use GCC/Clang vector extensions (no intrinsics): with
-// ROWS x 2 accumulators held in registers the compiler's own loop vectoriser would
-// not keep them out of memory. Two variants chosen at run time from the CPU:
-//   AVX-512 (x86-64-v4): 16 lanes, ROWS = 8 (16 zmm accumulators), head_dim padded to 32
-//   AVX2/FMA (baseline):  8 lanes, ROWS = 4 (8 ymm accumulators), head_dim padded to 16
-// One micro-tile covers 2 vectors of keys (scores) or head dims (P.V).
+// The fp32 micro-kernels use GCC/Clang vector extensions (no intrinsics): with a
+// tile of accumulators held in registers the compiler's own loop vectoriser would
+// not keep them out of memory. Variants (AVX-512 / AVX2) chosen at run time.
 typedef float v8f __attribute__((vector_size(32), aligned(4)));  // aligned(4): unaligned loads ok
 typedef float v16f __attribute__((vector_size(64), aligned(4)));
 
@@ -76,10 +73,19 @@ BF_INLINE void store_v(float* p, const V& v) {
   std::memcpy(p, &v, sizeof(V));
 }
 
+// *p in every lane. On x86 a vbroadcastss from memory (a load-port op, leaving the
+// FMA ports to the FMAs): GCC 12 compiles the portable `V{} + *p` to a scalar add
+// (0 + x is not x for x = -0) and a register broadcast, and per-lane forms to a
+// chain of masked broadcasts.
 template <typename V>
-BF_INLINE V splat(float x) {
-  V v = {};
-  return v + x;
+BF_INLINE V splat_at(const float* p) {
+#ifdef BF_X86
+  V v;
+  asm("vbroadcastss %1, %0" : "=v"(v) : "m"(*p));
+  return v;
+#else
+  return V{} + *p;
+#endif
 }
 
 struct Sequence {
@@ -162,65 +168,128 @@ BF_INLINE float softmax_step(float* BF_RESTRICT sr, float& m, float& l) {
   return alpha;
 }
 
-// s[r][j] = sum_dd q[r][dd] * kt[dd][j] for r < ROWS, j < nkeys rounded up to 2 VL
-// (nkeys <= BLOCK_N; s[r][j] beyond that is left as it was).
-template <typename V, int VL, int ROWS>
-BF_INLINE void score_tile(const float* BF_RESTRICT q, const float* BF_RESTRICT kt, int64_t ldk,
-                          int64_t d, int64_t dpad, int64_t nkeys, float* BF_RESTRICT s) {
-  for (int jc = 0; jc < nkeys; jc += 2 * VL) {
-    V acc[ROWS][2];
-    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = V{};
-    const float* BF_RESTRICT k = kt + jc;
-    for (int64_t dd = 0; dd < d; ++dd, k += ldk) {
-      const V k0 = load_v<V>(k);
-      const V k1 = load_v<V>(k + VL);
-      for (int r = 0; r < ROWS; ++r) {
-        const V qv = splat<V>(q[r * dpad + dd]);
-        acc[r][0] += qv * k0;
-        acc[r][1] += qv * k1;
+// ------------------------------------------------------------------ fp32-math path
+// Queries in vector lanes: a group of L = QV * VL query rows is processed at once,
+// one lane per query, so every key / value element loaded is used by L queries and
+// the softmax needs no horizontal reductions (its max and sum run down the keys,
+// lane by lane). Per task the head's real keys are copied once, row-major, into fp32
+// scratch (k [nkr][d], v [nkr][dpad], nkr = keys rounded up to KJ with zero rows,
+// dpad = d rounded up to KJ with zero columns); per group the query rows are
+// transposed and scaled into qt [d][L]. Then, BLOCK_N keys at a time (online softmax):
+//   scores  st[j][L] = sum_dd k[j][dd] * qt[dd][L]     (score_tile: KJ keys x QV vectors)
+//   m_new = max(m, max_j st), p = exp(st - m_new), l = l * alpha + sum_j p
+//   ot[dd][L] = ot * alpha + sum_j v[j][dd] * p[j][L]  (pv_tile: KJ head dims x QV vectors)
+// Both micro-tiles hold KJ x QV vector accumulators in registers and per step load
+// QV vectors plus KJ broadcast scalars:
+//   AVX-512 (x86-64-v4): VL = 16, QV = 2, KJ = 8 -> 32 queries a group, 16 zmm accumulators
+//   AVX2/FMA (baseline):  VL = 8,  QV = 2, KJ = 4 -> 16 queries a group, 8 ymm accumulators
+// Finally out[row][dd] = ot[dd][lane] / l[lane].
+
+// st[j][0..L) = sum_dd k[j][dd] * qt[dd][0..L) for j < nkeys rounded up to KJ.
+template <typename V, int VL, int QV, int KJ>
+BF_INLINE void score_tile(const float* BF_RESTRICT qt, const float* BF_RESTRICT k, int64_t d,
+                          int64_t nkeys, float* BF_RESTRICT st) {
+  constexpr int L = QV * VL;
+  for (int64_t j0 = 0; j0 < nkeys; j0 += KJ) {
+    V acc[KJ][QV];
+    for (int jj = 0; jj < KJ; ++jj)
+      for (int c = 0; c < QV; ++c) acc[jj][c] = V{};
+    const float* BF_RESTRICT kr = k + j0 * d;
+    for (int64_t dd = 0; dd < d; ++dd) {
+      V q[QV];
+      for (int c = 0; c < QV; ++c) q[c] = load_v<V>(qt + dd * L + c * VL);
+      for (int jj = 0; jj < KJ; ++jj) {
+        const V kv = splat_at<V>(kr + jj * d + dd);
+        for (int c = 0; c < QV; ++c) acc[jj][c] += kv * q[c];
       }
     }
-    for (int r = 0; r < ROWS; ++r) {
-      store_v<V>(s + r * BLOCK_N + jc, acc[r][0]);
-      store_v<V>(s + r * BLOCK_N + jc + VL, acc[r][1]);
-    }
+    for (int jj = 0; jj < KJ; ++jj)
+      for (int c = 0; c < QV; ++c) store_v<V>(st + (j0 + jj) * L + c * VL, acc[jj][c]);
   }
 }
 
-// o[r][dd] = o[r][dd] * alpha[r] + sum_j p[r][j] * v[j][dd] for j < nkeys.
-template <typename V, int VL, int ROWS>
+// ot[dd][0..L) = ot[dd] * alpha + sum_{j < nkeys} v[j][dd] * p[j][0..L), dd < dpad.
+template <typename V, int VL, int QV, int KJ>
 BF_INLINE void pv_tile(const float* BF_RESTRICT p, const float* BF_RESTRICT v, int64_t dpad,
-                       int64_t nkeys, const float* BF_RESTRICT alpha, float* BF_RESTRICT o) {
-  for (int64_t dc = 0; dc < dpad; dc += 2 * VL) {
-    V acc[ROWS][2];
-    for (int r = 0; r < ROWS; ++r) {
-      const V a = splat<V>(alpha[r]);
-      acc[r][0] = load_v<V>(o + r * dpad + dc) * a;
-      acc[r][1] = load_v<V>(o + r * dpad + dc + VL) * a;
-    }
-    const float* BF_RESTRICT vr = v + dc;
+                       int64_t nkeys, const float* BF_RESTRICT alpha, float* BF_RESTRICT ot) {
+  constexpr int L = QV * VL;
+  V a[QV];
+  for (int c = 0; c < QV; ++c) a[c] = load_v<V>(alpha + c * VL);
+  for (int64_t d0 = 0; d0 < dpad; d0 += KJ) {
+    V acc[KJ][QV];
+    for (int i = 0; i < KJ; ++i)
+      for (int c = 0; c < QV; ++c) acc[i][c] = load_v<V>(ot + (d0 + i) * L + c * VL) * a[c];
+    const float* BF_RESTRICT vr = v + d0;
     for (int64_t j = 0; j < nkeys; ++j, vr += dpad) {
-      const V v0 = load_v<V>(vr);
-      const V v1 = load_v<V>(vr + VL);
-      for (int r = 0; r < ROWS; ++r) {
-        const V pj = splat<V>(p[r * BLOCK_N + j]);
-        acc[r][0] += pj * v0;
-        acc[r][1] += pj * v1;
+      V pj[QV];
+      for (int c = 0; c < QV; ++c) pj[c] = load_v<V>(p + j * L + c * VL);
+      for (int i = 0; i < KJ; ++i) {
+        const V vv = splat_at<V>(vr + i);
+        for (int c = 0; c < QV; ++c) acc[i][c] += vv * pj[c];
       }
     }
-    for (int r = 0; r < ROWS; ++r) {
-      store_v<V>(o + r * dpad + dc, acc[r][0]);
-      store_v<V>(o + r * dpad + dc + VL, acc[r][1]);
+    for (int i = 0; i < KJ; ++i)
+      for (int c = 0; c < QV; ++c) store_v<V>(ot + (d0 + i) * L + c * VL, acc[i][c]);
+  }
+}
+
+// One online-softmax step down nkeys keys of st [nkeys][L], lane by lane: the scores
+// are replaced by p = exp(s - m_new), m and l updated, alpha = exp(m_old - m_new).
+// Same non-finite rules as softmax_step (NaN propagates through p; while all scores
+// so far are -inf the offset is 0, so p = 0 and a row with no finite score ends with
+// l = 0 and is written as zeros).
+template <int L>
+BF_INLINE void softmax_lanes(float* BF_RESTRICT st, int64_t nkeys, float* BF_RESTRICT m,
+                             float* BF_RESTRICT l, float* BF_RESTRICT alpha) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  // The max in four interleaved chains (the order does not matter, NaN included: a
+  // NaN score makes its own p NaN whatever the max is).
+  float mx[L], mx1[L], mx2[L], mx3[L], off[L], sum[L];
+  for (int c = 0; c < L; ++c) mx[c] = mx1[c] = mx2[c] = mx3[c] = m[c];
+  int64_t j = 0;
+  for (; j + 4 <= nkeys; j += 4)
+    for (int c = 0; c < L; ++c) {
+      mx[c] = fmax_(mx[c], st[j * L + c]);
+      mx1[c] = fmax_(mx1[c], st[(j + 1) * L + c]);
+      mx2[c] = fmax_(mx2[c], st[(j + 2) * L + c]);
+      mx3[c] = fmax_(mx3[c], st[(j + 3) * L + c]);
     }
+  for (; j < nkeys; ++j)
+    for (int c = 0; c < L; ++c) mx[c] = fmax_(mx[c], st[j * L + c]);
+  for (int c = 0; c < L; ++c) mx[c] = fmax_(fmax_(mx[c], mx1[c]), fmax_(mx2[c], mx3[c]));
+  for (int c = 0; c < L; ++c) {
+    off[c] = mx[c] == kNegInf ? 0.0f : mx[c];
+    alpha[c] = fast_exp(m[c] - off[c]);  // exp(-inf) == 0 on the first block
+    m[c] = mx[c];
+    sum[c] = 0.0f;
+  }
+  for (int64_t j = 0; j < nkeys; ++j)
+    for (int c = 0; c < L; ++c) {
+      const float p = fast_exp(st[j * L + c] - off[c]);
+      st[j * L + c] = p;
+      sum[c] += p;
+    }
+  for (int c = 0; c < L; ++c) l[c] = l[c] * alpha[c] + sum[c];
+}
+
+// Prefetches `bytes` bytes at q, q + hidden and q + 2 hidden (one token's Q, K and V
+// slices of a head) into cache.
+template <typename T>
+BF_INLINE void prefetch_qkv_row(const T* q, int64_t hidden, int64_t bytes) {
+  for (int part = 0; part < 3; ++part) {
+    const char* p = reinterpret_cast<const char*>(q + part * hidden);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
+    __builtin_prefetch(p + bytes - 1);  // the last line, when q is not 64-byte aligned
   }
 }
 
 // One task: query rows [q0, q0 + BLOCK_M) of head h of sequence sq.
-template <typename T, typename V, int VL, int ROWS>
+template <typename T, typename V, int VL, int QV, int KJ>
 BF_INLINE void attention_task(T* out, const T* qkv, const Sequence& sq, int64_t h, int64_t q0,
                               int64_t num_heads, int64_t hidden, float scale, Scratch& sc) {
+  constexpr int L = QV * VL;
   const int64_t d = hidden / num_heads;
-  const int64_t dpad = (d + 2 * VL - 1) / (2 * VL) * (2 * VL);
+  const int64_t dpad = (d + KJ - 1) / KJ * KJ;
   const int64_t ld = 3 * hidden;
   const T* base = qkv + sq.token0 * ld;
   T* obase = out + sq.token0 * hidden + h * d;
@@ -230,70 +299,68 @@ BF_INLINE void attention_task(T* out, const T* qkv, const Sequence& sq, int64_t 
   const std::vector<int64_t>& qrows = sc.qrows;
   const int64_t nk = static_cast<int64_t>(keys.size());
 
-  // K^T and V of this head's real keys, fp32, zero-padded.
-  const int64_t nkp = (nk + BLOCK_N - 1) / BLOCK_N * BLOCK_N;
-  if (static_cast<int64_t>(sc.kt.size()) < d * nkp) sc.kt.resize(d * nkp);
-  if (static_cast<int64_t>(sc.vbuf.size()) < nkp * dpad) sc.vbuf.resize(nkp * dpad);
-  if (static_cast<int64_t>(sc.qbuf.size()) < ROWS * dpad) sc.qbuf.resize(ROWS * dpad);
-  if (static_cast<int64_t>(sc.obuf.size()) < ROWS * dpad) sc.obuf.resize(ROWS * dpad);
-  if (static_cast<int64_t>(sc.sbuf.size()) < ROWS * BLOCK_N) sc.sbuf.resize(ROWS * BLOCK_N);
-  float* BF_RESTRICT ktp = sc.kt.data();
+  // K and V of this head's real keys, fp32, row-major, zero-padded to nkr rows.
+  const int64_t nkr = (nk + KJ - 1) / KJ * KJ;
+  if (static_cast<int64_t>(sc.kt.size()) < nkr * d) sc.kt.resize(nkr * d);
+  if (static_cast<int64_t>(sc.vbuf.size()) < nkr * dpad) sc.vbuf.resize(nkr * dpad);
+  if (static_cast<int64_t>(sc.qbuf.size()) < d * L) sc.qbuf.resize(d * L);
+  if (static_cast<int64_t>(sc.obuf.size()) < dpad * L) sc.obuf.resize(dpad * L);
+  if (static_cast<int64_t>(sc.sbuf.size()) < BLOCK_N * L) sc.sbuf.resize(BLOCK_N * L);
+  float* BF_RESTRICT kp = sc.kt.data();
   float* BF_RESTRICT vp = sc.vbuf.data();
+  // The head's slices of Q, K and V are d elements out of each 3H-element token row:
+  // a stride of several KiB, past what the hardware prefetchers follow, so each row
+  // would be a cache miss waited for in turn. Prefetch PF rows ahead (the Q slices
+  // too: the query loop below reads the same tokens).
+  constexpr int64_t PF = 8;
+  const int64_t slice = d * static_cast<int64_t>(sizeof(T));
+  for (int64_t jj = 0; jj < std::min<int64_t>(PF, sq.len); ++jj)
+    prefetch_qkv_row(base + jj * ld + h * d, hidden, slice);
   for (int64_t jj = 0; jj < nk; ++jj) {
+    if (keys[jj] + PF < sq.len)
+      prefetch_qkv_row(base + (keys[jj] + PF) * ld + h * d, hidden, slice);
     const T* krow = base + keys[jj] * ld + hidden + h * d;
     const T* vrow = base + keys[jj] * ld + 2 * hidden + h * d;
-    // K^T stored per key block, [nkp / BLOCK_N][d][BLOCK_N]: each block is contiguous
-    // (a [d][nkp] layout strides by nkp floats, a power of two that thrashes L1 sets).
-    float* BF_RESTRICT kcol = ktp + (jj / BLOCK_N) * d * BLOCK_N + (jj % BLOCK_N);
-    for (int64_t dd = 0; dd < d; ++dd) kcol[dd * BLOCK_N] = to_f32(krow[dd]);
+    float* BF_RESTRICT kr = kp + jj * d;
     float* BF_RESTRICT vr = vp + jj * dpad;
+    for (int64_t dd = 0; dd < d; ++dd) kr[dd] = to_f32(krow[dd]);
     for (int64_t dd = 0; dd < d; ++dd) vr[dd] = to_f32(vrow[dd]);
     for (int64_t dd = d; dd < dpad; ++dd) vr[dd] = 0.0f;
   }
-  for (int64_t dd = 0; dd < d; ++dd)
-    for (int64_t jj = nk; jj < nkp; ++jj)
-      ktp[(jj / BLOCK_N) * d * BLOCK_N + dd * BLOCK_N + (jj % BLOCK_N)] = 0.0f;
-  for (int64_t jj = nk; jj < nkp; ++jj)
-    for (int64_t dd = 0; dd < dpad; ++dd) vp[jj * dpad + dd] = 0.0f;
+  std::fill(kp + nk * d, kp + nkr * d, 0.0f);
+  std::fill(vp + nk * dpad, vp + nkr * dpad, 0.0f);
 
-  float m[ROWS], l[ROWS], alphas[ROWS];
+  alignas(64) float m[L], l[L], alpha[L];
+  float* BF_RESTRICT qt = sc.qbuf.data();
+  float* BF_RESTRICT ot = sc.obuf.data();
+  float* BF_RESTRICT st = sc.sbuf.data();
   const int64_t nq = static_cast<int64_t>(qrows.size());
-  for (int64_t g = 0; g < nq; g += ROWS) {
-    const int nr = static_cast<int>(std::min<int64_t>(ROWS, nq - g));
-    float* BF_RESTRICT qp = sc.qbuf.data();
-    float* BF_RESTRICT op = sc.obuf.data();
-    float* BF_RESTRICT sp = sc.sbuf.data();
-    std::fill(qp, qp + ROWS * dpad, 0.0f);
-    std::fill(op, op + ROWS * dpad, 0.0f);
+  for (int64_t g = 0; g < nq; g += L) {
+    const int nr = static_cast<int>(std::min<int64_t>(L, nq - g));
+    // qt[dd][lane] = scale * q[row lane][dd]; lanes past nr are zero (their output is dropped).
+    std::fill(qt, qt + d * L, 0.0f);
     for (int r = 0; r < nr; ++r) {
       const T* qrow = base + qrows[g + r] * ld + h * d;
-      for (int64_t dd = 0; dd < d; ++dd) qp[r * dpad + dd] = to_f32(qrow[dd]) * scale;
+      for (int64_t dd = 0; dd < d; ++dd) qt[dd * L + r] = to_f32(qrow[dd]) * scale;
     }
-    for (int r = 0; r < ROWS; ++r) {
-      m[r] = -std::numeric_limits<float>::infinity();
-      l[r] = 0.0f;
+    std::fill(ot, ot + dpad * L, 0.0f);
+    for (int c = 0; c < L; ++c) {
+      m[c] = -std::numeric_limits<float>::infinity();
+      l[c] = 0.0f;
     }
-    for (int64_t kb = 0; kb < nkp; kb += BLOCK_N) {
-      // The last block computes only its real keys (rounded up to a micro-tile);
-      // the scores past them are set to -inf below.
-      const int64_t valid = std::min<int64_t>(BLOCK_N, nk - kb);
-      score_tile<V, VL, ROWS>(qp, ktp + kb * d, BLOCK_N, d, dpad, valid, sp);
-      for (int r = 0; r < ROWS; ++r) {
-        float* BF_RESTRICT sr = sp + r * BLOCK_N;
-        for (int64_t j = valid; j < BLOCK_N; ++j) sr[j] = -std::numeric_limits<float>::infinity();
-        alphas[r] = softmax_step<true>(sr, m[r], l[r]);
-      }
-      pv_tile<V, VL, ROWS>(sp, vp + kb * dpad, dpad, valid, alphas, op);
+    for (int64_t kb = 0; kb < nk; kb += BLOCK_N) {
+      const int64_t valid = std::min<int64_t>(BLOCK_N, nk - kb);  // real keys in this block
+      score_tile<V, VL, QV, KJ>(qt, kp + kb * d, d, valid, st);
+      softmax_lanes<L>(st, valid, m, l, alpha);
+      pv_tile<V, VL, QV, KJ>(st, vp + kb * dpad, dpad, valid, alpha, ot);
     }
     for (int r = 0; r < nr; ++r) {
       const float inv = l[r] == 0.0f ? 1.0f : 1.0f / l[r];  // l == 0: all scores -inf
       T* o = obase + qrows[g + r] * hidden;
-      const float* BF_RESTRICT orow = op + r * dpad;
-      for (int64_t dd = 0; dd < d; ++dd) o[dd] = from_f32<T>(orow[dd] * inv);
+      for (int64_t dd = 0; dd < d; ++dd) o[dd] = from_f32<T>(ot[dd * L + r] * inv);
     }
   }
 }
-
 #ifdef BF_X86
 // ------------------------------------------------------------------ bf16 path
 // vdpbf16ps: acc[i] += a[2i] * b[2i] + a[2i+1] * b[2i+1] (16 fp32 lanes, bf16 pairs).
@@ -675,14 +742,14 @@ template <typename T>
 __attribute__((target("arch=x86-64-v4,prefer-vector-width=512"))) __attribute__((noinline)) void
 task_avx512(T* out, const T* qkv, const Sequence& sq, int64_t h, int64_t q0, int64_t num_heads,
             int64_t hidden, float scale, Scratch& sc) {
-  attention_task<T, v16f, 16, 8>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+  attention_task<T, v16f, 16, 2, 8>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
 }
 
 template <typename T>
 __attribute__((noinline)) void task_avx2(T* out, const T* qkv, const Sequence& sq, int64_t h,
                                          int64_t q0, int64_t num_heads, int64_t hidden, float scale,
                                          Scratch& sc) {
-  attention_task<T, v8f, 8, 4>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+  attention_task<T, v8f, 8, 2, 4>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
 }
 
 // The micro-kernels a call runs on, best first. BERTFAST_CPU_ATTENTION_ISA forces a
@@ -745,6 +812,11 @@ void attention_impl(T* out, const T* qkv, const std::vector<Sequence>& seqs, int
       for (int64_t q0 = 0; q0 < seqs[s].len; q0 += BLOCK_M) tasks.push_back({s, h, q0});
     work += seqs[s].len * seqs[s].len * num_heads * d;
   }
+  // Longest sequences first: with the dynamic schedule the short tasks left at the
+  // end even out the threads of a ragged batch.
+  std::stable_sort(tasks.begin(), tasks.end(), [&seqs](const Task& a, const Task& b) {
+    return seqs[a.seq].len > seqs[b.seq].len;
+  });
   const int64_t ntasks = static_cast<int64_t>(tasks.size());
   if (ntasks == 0) return;
   int nt = threads_for(work, 1 << 16, num_threads);

@@ -112,3 +112,40 @@ def test_attention_rejects_bad_shapes():
         )
     with pytest.raises(TypeError, match="int32"):
         ops.attention_varlen(torch.randn(6, 3 * 96), torch.tensor([0, 6]), 6, 3)
+
+
+# The CPU fp32-math kernel takes a group of query rows at once, one per vector lane
+# (32 with AVX-512, 16 with AVX2), scores KJ keys per micro-tile (8 / 4) and runs the
+# online softmax over blocks of 128 keys. Lengths on either side of each of these,
+# 1, odd lengths and odd head dims, ragged batches; both instruction sets forced.
+BLOCKING_LENGTHS = [
+    [1],
+    [15, 16, 17],
+    [31, 32, 33],
+    [7, 9, 3, 4, 5],
+    [127, 128],
+    [129],
+    [257, 40],
+]
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("head_dim", [32, 64, 5])
+@pytest.mark.parametrize("lengths", BLOCKING_LENGTHS, ids=str)
+def test_attention_cpu_fp32_blocking_edges(monkeypatch, isa, head_dim, lengths):
+    monkeypatch.setenv("BERTFAST_CPU_ATTENTION_ISA", isa)
+    heads = 2
+    T, H = sum(lengths), heads * head_dim
+    qkv = torch.randn(T, 3 * H)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths).cumsum(0)
+    scale = head_dim**-0.5
+    assert_parity("attention_varlen", "cpu", (qkv, cu, max(lengths), heads, scale), torch.float32)
+    # The same batch padded, with a key-padding mask (masked keys are left out).
+    S = max(lengths)
+    padded = torch.zeros(len(lengths), S, 3 * H)
+    for b, n in enumerate(lengths):
+        padded[b, :n] = qkv[cu[b] : cu[b + 1]]
+    mask = _mask(lengths, S)
+    out = assert_parity("attention", "cpu", (padded, mask, heads, scale), torch.float32)
+    assert (out[~mask.bool()] == 0).all()
