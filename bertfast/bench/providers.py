@@ -55,6 +55,8 @@ class Provider:
 class BertfastProvider(Provider):
     is_bertfast = True
     is_baseline = False
+    #: Extra ``from_pretrained`` arguments (``quantize`` for the int8 row).
+    load_kwargs: dict = {}
 
     def __init__(self, backend: str):
         self.backend = backend
@@ -74,7 +76,7 @@ class BertfastProvider(Provider):
         import bertfast
 
         model = bertfast.from_pretrained(
-            model_path, device=device, dtype=dtype, backend=self.backend
+            model_path, device=device, dtype=dtype, backend=self.backend, **self.load_kwargs
         )
         model.eval()
 
@@ -96,6 +98,7 @@ class BertfastInt8Provider(BertfastProvider):
     (``onnxruntime-int8``, ``ctranslate2-int8``), never in fp32 ratios."""
 
     NAME = "bertfast-cpu-int8"
+    load_kwargs = {"quantize": "int8"}
     is_bertfast = False  # not one of the fp32 bertfast rows (--backend leaves it alone)
     int8 = True
     precision = "int8"
@@ -110,23 +113,6 @@ class BertfastInt8Provider(BertfastProvider):
         return super().unavailable(device, dtype) or quant.unsupported_reason(
             device, dtype, self.backend
         )
-
-    def load(self, model_path, device, dtype):
-        import bertfast
-
-        model = bertfast.from_pretrained(
-            model_path, device=device, dtype=dtype, backend=self.backend, quantize="int8"
-        )
-
-        @torch.inference_mode()
-        def run(batch: Batch):
-            return model(
-                batch.input_ids,
-                attention_mask=batch.attention_mask,
-                token_type_ids=batch.token_type_ids,
-            ).last_hidden_state
-
-        return run
 
 
 class BertfastBf16Provider(BertfastProvider):

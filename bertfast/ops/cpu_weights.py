@@ -373,30 +373,38 @@ class PackedWeight(Tensor):
     def __reduce_ex__(self, proto):  # pickles / saves as the plain weight
         return self.dense().__reduce_ex__(proto)
 
+    def _same(self) -> PackedWeight:
+        """Another handle on the same packed weight (``detach``, ``.data``)."""
+        return PackedWeight(self._packed, self.shape, self._nr)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        schema = func._schema
-        if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
-            raise RuntimeError(_READ_ONLY)
-        if func in _SAME_WEIGHT and isinstance(args[0], PackedWeight):
-            # w.detach(), w.data, nn.Parameter(w): the same packed weight
-            w = args[0]
-            return PackedWeight(w._packed, w.shape, w._nr)
+        return read_only_dispatch(PackedWeight, _ReadOnlyView, _READ_ONLY, func, args, kwargs)
 
-        def unwrap(t):
-            return (
-                t.dense()
-                if isinstance(t, PackedWeight)
-                else (t._dense if isinstance(t, _ReadOnlyView) else t)
-            )
 
-        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
-        if any(r.alias_info is not None for r in schema.returns):
-            # a view (w[0], w.t(), w.data, w.detach()...) reads the values but must
-            # not take writes that would land in a temporary
-            return tree_map(lambda t: _ReadOnlyView(t) if isinstance(t, Tensor) else t, out)
-        return out
+def read_only_dispatch(owner, view, message: str, func, args, kwargs):
+    """``__torch_dispatch__`` of a model-owned read-only weight class ``owner``
+    (``dense()`` gives its values, ``_same()`` another handle on it) and of its views
+    (``view``, a :class:`_ReadOnlyView`): writes raise ``message``; ``detach`` /
+    ``alias`` keep the weight; any other op sees the values; views it returns refuse
+    writes (they would land in a temporary). Shared by PackedWeight and
+    ``quant.QuantizedWeight``."""
+    kwargs = kwargs or {}
+    schema = func._schema
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        raise RuntimeError(message)
+    if func in _SAME_WEIGHT and isinstance(args[0], owner):
+        return args[0]._same()  # w.detach(), w.data, nn.Parameter(w): the same weight
+
+    def unwrap(t):
+        if isinstance(t, owner):
+            return t.dense()
+        return t._dense if isinstance(t, _ReadOnlyView) else t
+
+    out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+    if any(r.alias_info is not None for r in schema.returns):
+        return tree_map(lambda t: view(t) if isinstance(t, Tensor) else t, out)
+    return out
 
 
 _SAME_WEIGHT = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)

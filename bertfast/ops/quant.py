@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.utils._pytree import tree_map
 
 from . import cpu_weights as _cpu_weights
 
@@ -190,31 +189,15 @@ class QuantizedWeight(Tensor):
     def __reduce_ex__(self, proto):  # pickles / saves as the dequantized weight
         return self.dense().__reduce_ex__(proto)
 
+    def _same(self) -> QuantizedWeight:
+        """Another handle on the same int8 weight (``detach``, ``.data``)."""
+        return QuantizedWeight(self._packed, self._colsum, self._scale, self.shape, self._split)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        schema = func._schema
-        if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
-            raise RuntimeError(_READ_ONLY)
-        if func in _SAME_WEIGHT and isinstance(args[0], QuantizedWeight):
-            w = args[0]  # w.detach(), w.data, nn.Parameter(w): the same weight
-            return QuantizedWeight(w._packed, w._colsum, w._scale, w.shape, w._split)
-
-        def unwrap(t):
-            if isinstance(t, QuantizedWeight):
-                return t.dense()
-            if isinstance(t, _cpu_weights._ReadOnlyView):
-                return t._dense
-            return t
-
-        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
-        if any(r.alias_info is not None for r in schema.returns):
-            # views read the values but must not take writes landing in a temporary
-            return tree_map(lambda t: _QuantizedView(t) if isinstance(t, Tensor) else t, out)
-        return out
-
-
-_SAME_WEIGHT = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+        return _cpu_weights.read_only_dispatch(
+            QuantizedWeight, _QuantizedView, _READ_ONLY, func, args, kwargs
+        )
 
 
 class _QuantizedView(_cpu_weights._ReadOnlyView):

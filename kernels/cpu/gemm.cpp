@@ -28,10 +28,6 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #include "cpu/common.h"
 
 namespace bertfast {
@@ -183,21 +179,6 @@ void gemm_packed(const float* x, const float* pk, const float* bias, float* out,
       tile_avx2<ACT>(x, pk, bias, out, M, N, K, PW, mb, p);
     }
   }
-}
-
-// See the note at the top: THP advice for the 2 MiB pages inside a large output.
-void advise_huge_pages(void* p, int64_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t(1) << 21;
-  if (bytes < static_cast<int64_t>(4 * kHuge)) return;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end =
-      (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
-  if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)bytes;
-#endif
 }
 
 }  // namespace

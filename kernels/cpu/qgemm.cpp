@@ -19,10 +19,6 @@
 #include <limits>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #if defined(__x86_64__) && defined(__AVX2__)
 #include <cpuid.h>
 #include <immintrin.h>
@@ -399,24 +395,6 @@ void quantize_row(uint8_t* BF_RESTRICT q, float* scale_out, int32_t* zp_out,
     q[k] = static_cast<uint8_t>(static_cast<int32_t>(v) + zp);
   }
   for (k = K; k < ldq; ++k) q[k] = 0;
-}
-
-// A large fresh output is new mmap memory at every call; faulting it in 4 KiB pages
-// costs as much as the int8 GEMM itself (4096 x 1152 fp32: ~2 ms). Ask for
-// transparent huge pages on the whole 2 MiB pages inside it (advice only), as
-// gemm.cpp does for the fp32 GEMM's output.
-void advise_huge_pages(void* p, int64_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t(1) << 21;
-  if (bytes < static_cast<int64_t>(4 * kHuge)) return;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end =
-      (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
-  if (end > begin) (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)bytes;
-#endif
 }
 
 }  // namespace
