@@ -44,11 +44,13 @@ from .providers import (
 from .report import format_table
 from .timing import (
     Stats,
+    checkpoint_bytes,
     cpu_info,
     device_name,
     gemm_ceiling,
     measure,
     peak_memory,
+    resident_bytes,
     rounds_for,
     synchronize,
 )
@@ -75,6 +77,8 @@ __all__ = [
     "rounds_for",
     "synchronize",
     "peak_memory",
+    "resident_bytes",
+    "checkpoint_bytes",
     "gemm_ceiling",
     "device_name",
     "cpu_info",
