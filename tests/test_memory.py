@@ -150,3 +150,41 @@ def test_optimize_copies_no_parameters(checkpoints):
         f"optimize() + first forward grew the process by {growth / 2**20:.1f} MiB, "
         f"the fused QKV being {qkv / 2**20:.1f} MiB of it: {m}"
     )
+
+
+def _mapped(path) -> bool:
+    real = os.path.realpath(path)
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip("\n").endswith(real) for line in f)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_loaded_model_does_not_map_its_checkpoint(tmp_path, fmt):
+    """After ``from_pretrained`` no mapping of the weight file is left (its pages would
+    be a second copy), and the model runs unchanged with the file deleted."""
+    import bertfast
+    from bertfast.checkpoint import file_backed
+
+    folder = tmp_path / "m"
+    models.save(models.build("bert", seed=3), str(folder), fmt=fmt)
+    weights = folder / ("model.safetensors" if fmt == "safetensors" else "pytorch_model.bin")
+    model = bertfast.from_pretrained(folder)
+    ids = torch.randint(5, 90, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        before = model(ids).last_hidden_state
+    assert not _mapped(weights)
+    plain = [p for p in model.parameters() if type(p) is torch.nn.Parameter]
+    assert plain and not any(file_backed(plain))
+    os.remove(weights)
+    with torch.inference_mode():
+        after = model(ids).last_hidden_state
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+def test_file_backed_tells_mapped_tensors_from_copies(tmp_path):
+    from bertfast.checkpoint import file_backed
+
+    torch.save({"a": torch.randn(1024, 64)}, tmp_path / "t.pt")
+    sd = torch.load(tmp_path / "t.pt", mmap=True, weights_only=True)
+    a = sd["a"]
+    assert file_backed([a, a.clone(), torch.empty(0)]) == [True, False, False]
