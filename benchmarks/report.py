@@ -179,6 +179,35 @@ def int8_table(rows) -> str:
     return "\n".join(out)
 
 
+def memory_table(rows) -> str:
+    """Per model and provider: resident-set growth of its worker process over the
+    process before the load (``LocalRunner.memory``), in MB and as a multiple of the
+    checkpoint's tensor bytes; empty when no row recorded it."""
+    seen = {}
+    for r in rows:
+        m = r.get("memory")
+        if m and (r.get("model"), r.get("provider")) not in seen:
+            seen[(r.get("model"), r.get("provider"))] = (m, r.get("checkpoint_bytes"))
+    if not seen:
+        return ""
+
+    def cell(v, ckpt):
+        if v is None:
+            return "-"
+        return _mb(v) + (f" ({v / ckpt:.2f}x)" if ckpt else "")
+
+    head = ["model", "provider", "checkpoint MB", "after load", "after first call", "untrimmed"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (model, name), (m, ckpt) in sorted(seen.items()):
+        shape = "x".join(map(str, m.get("first_call_shape") or ())) or "?"
+        out.append(
+            f"| {model} | {name} | {_mb(ckpt)} | {cell(m.get('load'), ckpt)} | "
+            f"{cell(m.get('first_call'), ckpt)} ({shape}) | "
+            f"{cell(m.get('first_call_untrimmed'), ckpt)} |"
+        )
+    return "\n".join(out)
+
+
 def best_bertfast(provs: dict[str, dict]) -> dict | None:
     cands = [r for n, r in provs.items() if r.get("is_bertfast") and r.get("parity_ok", True)]
     return min(cands, key=lambda r: r["median_s"]) if cands else None
@@ -553,6 +582,22 @@ def build(rows, machine) -> str:
             parts.append("")
         parts.append(targets(rows))
         parts.append("")
+        mt = memory_table(rows)
+        if mt:
+            parts.append("## Resident memory")
+            parts.append("")
+            parts.append(
+                "Growth of each provider's worker process over the process before the "
+                "load (torch imported; the runtime's own imports count), in MB (2^20 "
+                "bytes) and x the checkpoint's tensor bytes. *After first call*: after "
+                "the worker's first call (its shape in brackets) with freed heap memory "
+                "returned (`malloc_trim`), i.e. weights, caches and buffers the runtime "
+                "keeps; *untrimmed*: without that, so glibc's cache of the freed "
+                "activations of that call counts too."
+            )
+            parts.append("")
+            parts.append(mt)
+            parts.append("")
     kt = kernel_table(rows)
     if kt:
         parts.append("## Kernels (bertfast backends vs the PyTorch ops they replace)")

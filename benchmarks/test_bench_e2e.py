@@ -34,7 +34,10 @@ Per case ``extra_info`` holds:
 - ``cpu``: the CPU model, SIMD flags and logical CPUs; ``isolation``: process | inline;
 - ``peak_mem_bytes``: CUDA allocator peak growth (GPU) or resident-set growth (CPU) over
   one call; ``probe_gflops``: a 512^3 GEMM timed just before the workload and
-  ``load_avg_1min``: the machine's load average then (noise indicators).
+  ``load_avg_1min``: the machine's load average then (noise indicators);
+- ``memory``: the provider's resident-set growth over its worker process before the
+  load (``LocalRunner.memory``: after the load, after its first call with freed heap
+  returned, and without that), ``checkpoint_bytes`` the checkpoint's tensor bytes.
 
 Nothing here asserts a speed: targets are tracked by ``report.py``.
 """
@@ -53,6 +56,7 @@ from bertfast import ops as bf_ops
 from bertfast.bench import (
     TransformersProvider,
     bertfast_backends,
+    checkpoint_bytes,
     encoder_flops,
     gemm_ceiling,
     parity_error,
@@ -230,6 +234,8 @@ def test_e2e(benchmark, bench, timing, e2e_case):
             "parity_tol": tol,
             "parity_ref": f"{REFERENCE} fp32",
             "peak_mem_bytes": res["peaks"].get(provider.name),
+            "memory": runner.memory(),
+            "checkpoint_bytes": checkpoint_bytes(workloads.model_path(model)),
             "provider_info": runner.info,
         }
     )

@@ -56,6 +56,7 @@ the config does not declare, missing weights.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -74,6 +75,7 @@ __all__ = [
     "convert",
     "load_checkpoint",
     "find_weight_files",
+    "file_backed",
 ]
 
 PREFIXES = {
@@ -566,6 +568,47 @@ def _bin_items(files: list[str]) -> Iterator[tuple[str, Callable[[], torch.Tenso
             yield key, (lambda t=t: t)
             del t
         del sd
+
+
+def _file_mappings() -> list[tuple[int, int]] | None:
+    """The address ranges ``[start, end)`` of this process's file-backed mappings
+    (``/proc/self/maps`` lines with a nonzero inode), sorted; None where that file
+    cannot be read."""
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.readlines()
+    except OSError:
+        return None
+    ranges = []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) >= 5 and fields[4] != "0":
+            lo, hi = fields[0].split("-")
+            ranges.append((int(lo, 16), int(hi, 16)))
+    ranges.sort()
+    return ranges
+
+
+def file_backed(tensors: Iterable[torch.Tensor]) -> list[bool]:
+    """Whether each tensor's memory lies in a file mapping: a CPU tensor the reader
+    returned as a view of the memory-mapped weight file (safetensors, and
+    ``torch.load(mmap=True)``) rather than a copy. Such a tensor keeps the mapping,
+    and the pages of the file it has read, in the process for as long as it lives.
+    Where the mappings cannot be read (no ``/proc``), every non-empty CPU tensor
+    counts as file-backed (copying it is the safe answer)."""
+    ranges = _file_mappings()
+    starts = [lo for lo, _ in ranges or ()]
+    out = []
+    for t in tensors:
+        if t.device.type != "cpu" or t.numel() == 0:
+            out.append(False)
+        elif ranges is None:
+            out.append(True)
+        else:
+            ptr = t.data_ptr()
+            i = bisect.bisect_right(starts, ptr) - 1
+            out.append(i >= 0 and ptr < ranges[i][1])
+    return out
 
 
 def load_checkpoint(

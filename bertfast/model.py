@@ -49,7 +49,7 @@ from torch import nn
 
 from . import heads as H
 from . import ops
-from .checkpoint import encoder_weight_specs, load_checkpoint
+from .checkpoint import encoder_weight_specs, file_backed, load_checkpoint
 from .config import EncoderConfig
 from .info import warn_if_slow_bf16
 from .ops import cpu_weights as _cpu_weights
@@ -78,10 +78,24 @@ def _attach(root: nn.Module, name: str, tensor: torch.Tensor) -> None:
             child = _Holder()
             mod.add_module(part, child)
         mod = child
-    if isinstance(tensor, nn.Parameter):
-        tensor = tensor.data if not _cpu_weights.is_packed(tensor) else tensor
     mod._parameters.pop(leaf, None)
-    mod.register_parameter(leaf, nn.Parameter(tensor, requires_grad=False))
+    mod.register_parameter(leaf, _as_parameter(tensor))
+
+
+def _as_parameter(tensor: torch.Tensor) -> nn.Parameter:
+    """``tensor`` as a parameter (no gradient), sharing its memory. A packed or int8
+    weight gets another handle on the same packed data marked as a parameter, as
+    ``nn.Parameter`` does for a tensor subclass but without dispatching ``detach`` to
+    its ``__torch_dispatch__``: torch's first dispatch to a Python tensor subclass
+    imports ``torch.distributed.tensor`` and sympy (~40 MB of resident memory and
+    ~0.7 s, measured with torch 2.13), which loading a model does not need."""
+    if _cpu_weights.is_packed(tensor) or _quant.is_quantized(tensor):
+        handle = tensor._same()
+        handle._is_param = True  # what nn.Parameter sets on a subclass
+        return handle
+    if isinstance(tensor, nn.Parameter):
+        tensor = tensor.data
+    return nn.Parameter(tensor, requires_grad=False)
 
 
 #: Matrices that are not linear-layer weights (embedding tables, read by row).
@@ -188,8 +202,30 @@ class BertfastModel(nn.Module):
             self._quantize_weights()
         if self._owns_weights:
             self._pack_weights()
+            self._copy_mapped_weights()
 
     # ---------------------------------------------------------------- weights
+    def _copy_mapped_weights(self) -> None:
+        """Copy each plain CPU weight that is a view of a memory-mapped checkpoint
+        file (``checkpoint.file_backed``) into memory of its own. Run once at load,
+        after packing (the packed weights were read straight from the mapping, with
+        no plain copy in between): once the reader's tensors are dropped, no mapping
+        of the file is left, so the model holds one copy of its weights, and the
+        checkpoint file can be replaced or deleted while the model lives. Shared
+        (tied, ALBERT) weights stay shared."""
+        params = [
+            (name, p)
+            for name, p in self.named_parameters(remove_duplicate=False)
+            if not (_cpu_weights.is_packed(p) or _quant.is_quantized(p))
+        ]
+        seen = {}
+        for (name, p), mapped in zip(params, file_backed(p for _, p in params)):
+            if mapped:
+                key = (p.data_ptr(), tuple(p.shape), tuple(p.stride()))
+                if key not in seen:
+                    seen[key] = p.detach().clone()
+                _attach(self, name, seen[key])
+
     def _packable(self):
         """(name, tensor) of the linear-layer weights; a weight tied to an embedding
         table (the MLM decoder, usually) stays plain with it."""

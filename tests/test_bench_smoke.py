@@ -90,6 +90,7 @@ def test_benchmark_suite_smoke(tmp_path):
     text = (report_dir / "report.md").read_text()
     assert "## End to end" in text and "## Targets" in text
     assert "isolation: process" in text
+    assert "## Resident memory" in text  # each provider's growth over its worker's start
     assert (report_dir / "e2e.png").stat().st_size > 0
     assert (report_dir / "kernels.png").stat().st_size > 0
     assert "wrote" in proc.stdout
@@ -131,6 +132,10 @@ def test_bench_cli_smoke(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert {r["shape"] for r in rows} == {"2x8", "r3x8x16"}
     assert all(r["median_ms"] > 0 for r in rows)
+    data = json.loads(out.read_text())
+    assert data["checkpoint_bytes"] > 0
+    for mem in data["memory"].values():  # resident growth of each worker, after its load
+        assert mem["load"] is not None and mem["first_call"] is not None
 
 
 def test_flops_and_lengths():

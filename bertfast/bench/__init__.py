@@ -6,7 +6,8 @@ One job per module (all names are re-exported here):
 ``workload.py``     what runs: model dimensions and FLOP counts (:func:`encoder_flops`),
                     ragged / padded sequence lengths, batches (:func:`make_batch`)
 ``timing.py``       how it is timed: :func:`measure` and :class:`Stats`, peak memory of
-                    one call, the machine's GEMM ceiling, the machine's name
+                    one call, the resident set (:func:`resident_bytes`) and a
+                    checkpoint's tensor bytes, the machine's GEMM ceiling, its name
 ``parity.py``       whether the output is right: :data:`PARITY_TOL`, :func:`parity_error`
 ``providers.py``    the in-process providers (bertfast per backend, transformers eager /
                     SDPA) behind one interface
@@ -44,11 +45,13 @@ from .providers import (
 from .report import format_table
 from .timing import (
     Stats,
+    checkpoint_bytes,
     cpu_info,
     device_name,
     gemm_ceiling,
     measure,
     peak_memory,
+    resident_bytes,
     rounds_for,
     synchronize,
 )
@@ -75,6 +78,8 @@ __all__ = [
     "rounds_for",
     "synchronize",
     "peak_memory",
+    "resident_bytes",
+    "checkpoint_bytes",
     "gemm_ceiling",
     "device_name",
     "cpu_info",

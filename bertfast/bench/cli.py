@@ -20,8 +20,8 @@ import torch
 from .isolated import ISOLATION_MODES, open_runner
 from .parity import parity_error
 from .providers import builtin_providers, provider_by_name
-from .report import FOOTNOTE, format_table, write_json
-from .timing import Stats, cpu_info, device_name, gemm_ceiling, rounds_for
+from .report import FOOTNOTE, format_memory, format_table, write_json
+from .timing import Stats, checkpoint_bytes, cpu_info, device_name, gemm_ceiling, rounds_for
 from .workload import ModelDims, encoder_flops, make_batch, parse_shape
 
 __all__ = ["main", "build_parser"]
@@ -187,12 +187,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if pr.name.startswith("openvino") and r.info:
                 print(f"  {pr.name}: performance hint {r.info.get('hint')}")
         rows, parity_ref = _measure(runners, shapes, dims, vocab, args, ceiling, dtype)
+        memory = {n: r.memory() for n, (_, r) in runners.items()}
     finally:
         for _, r in runners.values():
             r.close()
     baselines = [n for n, (pr, _) in runners.items() if not pr.is_bertfast and not pr.int8]
     print(format_table(rows, baselines))
     print("\n" + FOOTNOTE)
+    ckpt = checkpoint_bytes(path)
+    print("\n" + format_memory(memory, ckpt))
     if args.json:
         write_json(
             args.json,
@@ -204,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "cpu": cpu,
                 "isolation": args.isolation,
                 "parity_ref": parity_ref,
+                "checkpoint_bytes": ckpt,
+                "memory": memory,
             },
             rows,
         )

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from .timing import peak_memory, synchronize
+from .timing import peak_memory, resident_bytes, synchronize
 from .workload import Batch
 
 __all__ = ["Worker", "LocalRunner", "open_runner", "ISOLATION_MODES"]
@@ -43,9 +43,11 @@ class LocalRunner:
     def __init__(self, provider, model_path: str, device: str, dtype: torch.dtype):
         self.name = provider.name
         self.device = device
+        rss0 = resident_bytes()
         self.run = provider.load(model_path, device, dtype)
         self.info = getattr(self.run, "info", None)
         self._batch: Batch | None = None
+        self._memory = {"rss_before_load": rss0, "load": _growth(resident_bytes(), rss0)}
 
     def prepare(self, batch: Batch) -> tuple[torch.Tensor, float]:
         """Two warm calls on ``batch`` (kept for :meth:`timed`): the first one's output
@@ -53,6 +55,11 @@ class LocalRunner:
         self._batch = batch
         out = self.run(batch)
         synchronize(self.device)
+        if "first_call" not in self._memory:  # see memory()
+            rss0 = self._memory["rss_before_load"]
+            self._memory["first_call_untrimmed"] = _growth(resident_bytes(), rss0)
+            self._memory["first_call"] = _growth(resident_bytes(trim=True), rss0)
+            self._memory["first_call_shape"] = tuple(batch.input_ids.shape)
         t0 = time.perf_counter()
         self.run(batch)
         synchronize(self.device)
@@ -70,6 +77,15 @@ class LocalRunner:
 
     def peak(self) -> int | None:
         return peak_memory(lambda: self.run(self._batch), self.device)
+
+    def memory(self) -> dict:
+        """Resident-set growth (bytes, CPU; None where unknown) over the process as it
+        was before the load: ``load`` right after it, ``first_call`` after the first
+        call (of shape ``first_call_shape``) with freed heap memory returned first
+        (``malloc_trim``; what the runtime keeps: weights, caches, buffers), and
+        ``first_call_untrimmed`` without that (plus the freed activations glibc keeps
+        for reuse). Meaningful in a worker process of its own."""
+        return dict(self._memory)
 
     def close(self) -> None:
         self.run = None
@@ -149,6 +165,9 @@ class Worker:
     def peak(self) -> int | None:
         return self._call("peak")
 
+    def memory(self) -> dict:
+        return self._call("memory")
+
     def close(self) -> None:
         if self._proc.poll() is None:
             try:
@@ -177,6 +196,10 @@ class Worker:
             self.close()
         except Exception:
             pass
+
+
+def _growth(now: int | None, before: int | None) -> int | None:
+    return None if now is None or before is None else now - before
 
 
 def open_runner(
@@ -217,6 +240,7 @@ def _serve(read_fd: str, write_fd: str) -> None:
         prepare=prepare,
         timed=lambda n: runner.timed(n),
         peak=lambda: runner.peak(),
+        memory=lambda: runner.memory(),
     )
     while True:
         try:

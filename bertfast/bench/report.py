@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-__all__ = ["format_table", "FOOTNOTE", "write_json"]
+__all__ = ["format_table", "format_memory", "FOOTNOTE", "write_json"]
 
 FOOTNOTE = (
     "ratios are speedups (baseline time / provider time), same run, same inputs; "
@@ -37,6 +37,33 @@ def format_table(rows: list[dict[str, object]], baselines: Sequence[str]) -> str
             cells.append(f"{v:.2f}" if v else "-")
         cells.append(r["parity"])
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def format_memory(memory: dict[str, dict], checkpoint: int | None) -> str:
+    """One line per provider: its resident-set growth (``LocalRunner.memory``) after
+    the load and after its first call, in MB and as a multiple of the checkpoint's
+    tensor bytes (MB = 2^20 bytes)."""
+
+    def mb(v):
+        return "?" if v is None else f"{v / 2**20:.1f} MB"
+
+    def x(v):
+        return "" if v is None or not checkpoint else f" ({v / checkpoint:.2f}x)"
+
+    lines = [
+        "resident memory over the process before the load"
+        + (f" (checkpoint tensors: {checkpoint / 2**20:.1f} MB)" if checkpoint else "")
+        + "; after the first call: freed heap returned first (malloc_trim), "
+        "in brackets without that"
+    ]
+    for name, m in memory.items():
+        first, raw = m.get("first_call"), m.get("first_call_untrimmed")
+        shape = "x".join(map(str, m.get("first_call_shape") or ())) or "?"
+        lines.append(
+            f"  {name}: load {mb(m.get('load'))}{x(m.get('load'))}; after a first {shape} "
+            f"call {mb(first)}{x(first)} [{mb(raw)}{x(raw)}]"
+        )
     return "\n".join(lines)
 
 

@@ -19,6 +19,8 @@ __all__ = [
     "measure",
     "rounds_for",
     "peak_memory",
+    "resident_bytes",
+    "checkpoint_bytes",
     "gemm_ceiling",
     "device_name",
     "cpu_info",
@@ -101,6 +103,53 @@ def _malloc_trim() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def resident_bytes(trim: bool = False) -> int | None:
+    """The process's resident set (``VmRSS``) in bytes after a garbage collection;
+    with ``trim``, after ``malloc_trim`` too, so heap memory glibc keeps after a
+    ``free`` (the freed activations of a call, mostly) is left out. ``None`` where
+    ``/proc`` is not available."""
+    gc.collect()
+    if trim:
+        _malloc_trim()
+    try:
+        kb = _proc_status_kb("VmRSS")
+    except OSError:
+        return None
+    return kb * 1024 if kb else None
+
+
+def checkpoint_bytes(folder) -> int | None:
+    """The bytes of the tensors in a checkpoint folder's weight files (what the
+    model's resident growth is compared with), read from the safetensors headers or
+    the state dict; ``None`` when the folder has no weights bertfast can read."""
+    import math
+
+    from ..checkpoint import find_weight_files
+
+    try:
+        fmt, files = find_weight_files(str(folder))
+    except (OSError, ValueError):
+        return None
+    total = 0
+    for path in files:
+        if fmt == "safetensors":
+            from safetensors import safe_open
+
+            with safe_open(path, framework="pt") as f:
+                for key in f.keys():
+                    sl = f.get_slice(key)
+                    total += math.prod(sl.get_shape()) * _SAFETENSORS_SIZES.get(sl.get_dtype(), 0)
+        else:
+            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            total += sum(t.numel() * t.element_size() for t in sd.values())
+    return total
+
+
+#: Bytes per element of the safetensors dtype names.
+_SAFETENSORS_SIZES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2}
+_SAFETENSORS_SIZES.update(BF16=2, I16=2, U16=2, I8=1, U8=1, BOOL=1, F8_E4M3=1, F8_E5M2=1)
 
 
 def peak_memory(fn: Callable[[], object], device="cpu") -> int | None:
