@@ -166,7 +166,7 @@ Tensor qgemm_s32(const Tensor& q, const Tensor& packed, int64_t out_features,
 
 Tensor qlinear(const Tensor& x, const Tensor& packed, const Tensor& colsum, const Tensor& w_scale,
                const OptTensor& bias, const std::optional<std::string>& activation,
-               const std::optional<std::string>& isa) {
+               const std::optional<std::string>& isa, bool split) {
   Op op = int8_op("qlinear");
   op.tensor(x, "x", at::kFloat);
   op.min_dims(x, "x", 1);
@@ -191,7 +191,8 @@ Tensor qlinear(const Tensor& x, const Tensor& packed, const Tensor& colsum, cons
     py::gil_scoped_release release;
     cpu::qlinear(out.data_ptr<float>(), x.const_data_ptr<float>(), packed.const_data_ptr<int8_t>(),
                  colsum.const_data_ptr<int32_t>(), w_scale.const_data_ptr<float>(),
-                 bias ? bias->const_data_ptr<float>() : nullptr, M, N, K, act, code, threads());
+                 bias ? bias->const_data_ptr<float>() : nullptr, M, N, K, act, code, threads(),
+                 split);
   }
   return out;
 }
@@ -218,9 +219,10 @@ void register_cpu_int8_ops(pybind11::module_& m) {
           arg("q"), arg("packed"), arg("out_features"), arg("isa") = py::none());
   cpu.def("qlinear", &qlinear,
           "act(dequant(quantize_rows(x) @ Wq.T) + bias) in fp32 for W packed by qgemm_pack, "
-          "w_scale [N] per output channel",
+          "w_scale [N] per output channel; split=True: x in two quantized parts (its uint8 "
+          "rows and what they miss), two int8 GEMMs summed in fp32 (kernels/cpu/qgemm.h)",
           arg("x"), arg("packed"), arg("colsum"), arg("w_scale"), arg("bias"),
-          arg("activation") = py::none(), arg("isa") = py::none());
+          arg("activation") = py::none(), arg("isa") = py::none(), arg("split") = false);
 }
 
 }  // namespace bertfast

@@ -220,18 +220,10 @@ def linear_parts(x, packed, colsum, scale, bias=None, act=None, split=False) -> 
     if x.dtype != torch.float32:
         raise TypeError(f"bertfast int8 linear: x must be float32, got {x.dtype}")
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
-    x = x.contiguous()
-    if not split:
-        return _kernels.qlinear(x, packed, colsum, scale, b, act, None)
-    # x = deq(q) + r: r (what uint8 misses, |r| <= scale / 2) is quantized per row in
-    # turn; act(W deq(q) + W deq(q_r) + b) in fp32. A NaN/inf row stays NaN (scale NaN).
-    q, xs, zp = _kernels.quantize_rows(x)
-    r = x - (q.to(torch.float32) - zp.unsqueeze(-1)) * xs.unsqueeze(-1)
-    out = _kernels.qlinear(r, packed, colsum, scale, None, None, None)
-    out += _kernels.qlinear(x, packed, colsum, scale, b, None, None)
-    if act is not None:
-        _kernels.bias_act(out, None, act, True)
-    return out
+    # split: x = deq(q) + r, r (what uint8 misses, |r| <= scale / 2) quantized per row
+    # in turn; act(W deq(q) + W deq(q_r) + b) in fp32, in one C++ call. A NaN/inf row
+    # stays NaN (scale NaN).
+    return _kernels.qlinear(x.contiguous(), packed, colsum, scale, b, act, None, bool(split))
 
 
 def check_apply(fn) -> None:
