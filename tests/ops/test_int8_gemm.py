@@ -269,6 +269,28 @@ def test_qlinear_split_nonfinite_rows_are_nan(isa):
     torch.testing.assert_close(out[good].double(), ref, rtol=1e-5, atol=2e-4)
 
 
+def test_qlinear_reused_output_buffers_are_independent():
+    """Outputs from 1 MiB come from a cache of freed buffers: a live output is never
+    handed out again, a reused buffer is fully overwritten."""
+    x1, x2 = _rand(512, 64, seed=16), _rand(512, 64, seed=17)
+    w = _rand(640, 64, seed=18)
+    packed, colsum, sw = _qweight(w)
+    ref1, ref2 = _dequant_ref(x1, w, None, None), _dequant_ref(x2, w, None, None)
+    out1 = _K.qlinear(x1, packed, colsum, sw, None)
+    out2 = _K.qlinear(x2, packed, colsum, sw, None)
+    assert out1.data_ptr() != out2.data_ptr()
+    torch.testing.assert_close(out1.double(), ref1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out2.double(), ref2, rtol=1e-5, atol=1e-5)
+    out1.fill_(float("nan"))
+    del out1
+    for _ in range(3):  # the freed buffer comes back, NaN-filled: every value rewritten
+        out3 = _K.qlinear(x1, packed, colsum, sw, None)
+        torch.testing.assert_close(out3.double(), ref1, rtol=1e-5, atol=1e-5)
+        out3.fill_(float("nan"))
+        del out3
+    torch.testing.assert_close(out2.double(), ref2, rtol=1e-5, atol=1e-5)
+
+
 def test_qlinear_no_bias_leading_dims_and_k0():
     x = _rand(2, 3, 40, seed=5)
     w = _rand(17, 40, seed=6)
