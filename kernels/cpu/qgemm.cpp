@@ -318,7 +318,7 @@ __attribute__((noinline)) void tile_scalar(const QArgs& q, int64_t mb, int64_t p
 }
 
 void quantize_row(uint8_t* BF_RESTRICT q, float* scale_out, int32_t* zp_out,
-                  const float* BF_RESTRICT x, int64_t K, int64_t ldq);
+                  const float* BF_RESTRICT x, int64_t K, int64_t ldq, bool wide);
 
 template <int MODE>
 BF_INLINE void run_tile(const QArgs& q, int isa, int64_t mb, int64_t p) {
@@ -362,6 +362,7 @@ void run_tiles(const QArgs& q, int isa, int num_threads, const float* x = nullpt
       uint8_t* qa = const_cast<uint8_t*>(q.a);
       float* sx = const_cast<float*>(q.a_scale);
       int32_t* zp = const_cast<int32_t*>(q.a_zp);
+      const bool wide = isa != kQIsaAvx2;  // AVX-512 quantization (VNNI / AMX CPUs)
       thread_local std::vector<float> resid;
       if (second && static_cast<int64_t>(resid.size()) < K) resid.resize(K);
 #ifdef BERTFAST_WITH_OPENMP
@@ -370,7 +371,7 @@ void run_tiles(const QArgs& q, int isa, int num_threads, const float* x = nullpt
       for (int64_t m = 0; m < q.M; ++m) {
         uint8_t* qrow = qa + m * q.lda;
         const float* xrow = x + m * K;
-        quantize_row(qrow, sx + m, zp + m, xrow, K, q.lda);
+        quantize_row(qrow, sx + m, zp + m, xrow, K, q.lda, wide);
         if (second) {
           const float s = sx[m];
           const int32_t z = zp[m];
@@ -379,7 +380,7 @@ void run_tiles(const QArgs& q, int isa, int num_threads, const float* x = nullpt
             r[k] = xrow[k] - static_cast<float>(static_cast<int32_t>(qrow[k]) - z) * s;
           quantize_row(const_cast<uint8_t*>(second->a) + m * q.lda,
                        const_cast<float*>(second->a_scale) + m,
-                       const_cast<int32_t*>(second->a_zp) + m, r, K, q.lda);
+                       const_cast<int32_t*>(second->a_zp) + m, r, K, q.lda, wide);
         }
       }
     }
@@ -398,12 +399,52 @@ void run_tiles(const QArgs& q, int isa, int num_threads, const float* x = nullpt
   }
 }
 
-// One row: see the formulas in qgemm.h.
+#ifdef BF_QGEMM_X86
+// AVX-512 bulk of quantize_row's two passes (k < K rounded down to 16); the
+// AVX2 / scalar code finishes the row. Same values bit for bit: min / max are exact
+// in any order, `bad` only needs to become NaN, and the rounding is the same.
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) int64_t
+minmax_avx512(const float* BF_RESTRICT x, int64_t K, float& lo, float& hi, float& bad) {
+  __m512 vlo = _mm512_setzero_ps(), vhi = vlo, vbad = vlo;
+  const __m512 zero = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m512 v = _mm512_loadu_ps(x + k);
+    vlo = _mm512_min_ps(vlo, v);
+    vhi = _mm512_max_ps(vhi, v);
+    vbad = _mm512_add_ps(vbad, _mm512_mul_ps(v, zero));
+  }
+  const float l = _mm512_reduce_min_ps(vlo), h = _mm512_reduce_max_ps(vhi);
+  lo = l < lo ? l : lo;
+  hi = h > hi ? h : hi;
+  bad += _mm512_reduce_add_ps(vbad);
+  return k;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) int64_t
+quantize_avx512(uint8_t* BF_RESTRICT q, const float* BF_RESTRICT x, int64_t K, float inv, float qlo,
+                float qhi, int32_t zp) {
+  const __m512 vinv = _mm512_set1_ps(inv), vqlo = _mm512_set1_ps(qlo), vqhi = _mm512_set1_ps(qhi);
+  const __m512i vzp = _mm512_set1_epi32(zp);
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + k), vinv);
+    v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_min_ps(_mm512_max_ps(v, vqlo), vqhi);
+    const __m512i i = _mm512_add_epi32(_mm512_cvttps_epi32(v), vzp);  // [0, 255]
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), _mm512_cvtepi32_epi8(i));
+  }
+  return k;
+}
+#endif
+
+// One row: see the formulas in qgemm.h. wide: the CPU has AVX-512 (F/BW/DQ/VL).
 void quantize_row(uint8_t* BF_RESTRICT q, float* scale_out, int32_t* zp_out,
-                  const float* BF_RESTRICT x, int64_t K, int64_t ldq) {
+                  const float* BF_RESTRICT x, int64_t K, int64_t ldq, bool wide) {
   float lo = 0.0f, hi = 0.0f, bad = 0.0f;  // bad: NaN when x holds NaN or +-inf
   int64_t k = 0;
 #ifdef BF_QGEMM_X86
+  if (wide) k = minmax_avx512(x, K, lo, hi, bad);
   {
     __m256 vlo = _mm256_setzero_ps(), vhi = vlo, vbad = vlo;
     const __m256 zero = _mm256_setzero_ps();
@@ -423,6 +464,8 @@ void quantize_row(uint8_t* BF_RESTRICT q, float* scale_out, int32_t* zp_out,
       bad += b[i];
     }
   }
+#else
+  (void)wide;
 #endif
   for (; k < K; ++k) {
     lo = x[k] < lo ? x[k] : lo;
@@ -446,6 +489,7 @@ void quantize_row(uint8_t* BF_RESTRICT q, float* scale_out, int32_t* zp_out,
   *zp_out = zp;
   k = 0;
 #ifdef BF_QGEMM_X86
+  if (wide) k = quantize_avx512(q, x, K, inv, qlo, qhi, zp);
   {
     const __m256 vinv = _mm256_set1_ps(inv), vqlo = _mm256_set1_ps(qlo), vqhi = _mm256_set1_ps(qhi);
     const __m256i vzp = _mm256_set1_epi32(zp);
@@ -505,10 +549,12 @@ void quantize_rows(uint8_t* q, float* scale, int32_t* zp, const float* x, int64_
                    int64_t ldq, int num_threads) {
   const int nt = threads_for(M * K, 1 << 16, num_threads);
   (void)nt;
+  const bool wide = qgemm_cpu_has_vnni();
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp parallel for num_threads(nt) schedule(static)
 #endif
-  for (int64_t m = 0; m < M; ++m) quantize_row(q + m * ldq, scale + m, zp + m, x + m * K, K, ldq);
+  for (int64_t m = 0; m < M; ++m)
+    quantize_row(q + m * ldq, scale + m, zp + m, x + m * K, K, ldq, wide);
 }
 
 void qgemm_pack(int8_t* packed, int32_t* colsum, const int8_t* w, int64_t N, int64_t K,
