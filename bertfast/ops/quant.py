@@ -5,9 +5,9 @@ max_k |w[n, k]| / 127``, ``q = round(w / scale)`` in [-127, 127], quantized once
 when a model is loaded and held only as a :class:`QuantizedWeight` (the C++
 kernel's packed panels, column sums and scales; read-only, like
 ``cpu_weights.PackedWeight``). Activations: quantized per row (token) at every
-call to uint8 with a scale and zero point, int32 dot products (AVX512-VNNI
+call to uint8 with a scale and zero point, int32 dot products (AMX ``tdpbusd``, AVX512-VNNI
 ``vpdpbusd``, or an exact AVX2 fallback), then bias and activation in fp32
-(``kernels/cpu/qgemm.h`` has the formulas). ``BERTFAST_CPU_INT8_ISA=auto|vnni|avx2``
+(``kernels/cpu/qgemm.h`` has the formulas). ``BERTFAST_CPU_INT8_ISA=auto|amx|vnni|avx2``
 picks the micro-kernel.
 
 What a model quantizes: the encoder layers' four linear layers (QKV, attention

@@ -12,8 +12,8 @@
 //     activation bytes widened to int16: every product and pair sum is exact in
 //     int32 (255 * 127 * 2 < 2^31); no vpmaddubsw, which saturates.
 // Both give the same int32 accumulators bit for bit (integer sums are exact).
-// Threads: OpenMP static split over (block of MB rows, 64-column panel) tiles, row
-// block major (the packed int8 weights of a BERT layer fit in L2/L3).
+// Threads: OpenMP static split over (block of rows, 64-column panel) tiles, row
+// block major: MB rows for VNNI / AVX2, MB_AMX for AMX (see tile_amx).
 #include "cpu/qgemm.h"
 
 #include <limits>
