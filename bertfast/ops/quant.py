@@ -5,9 +5,9 @@ max_k |w[n, k]| / 127``, ``q = round(w / scale)`` in [-127, 127], quantized once
 when a model is loaded and held only as a :class:`QuantizedWeight` (the C++
 kernel's packed panels, column sums and scales; read-only, like
 ``cpu_weights.PackedWeight``). Activations: quantized per row (token) at every
-call to uint8 with a scale and zero point, int32 dot products (AVX512-VNNI
+call to uint8 with a scale and zero point, int32 dot products (AMX ``tdpbusd``, AVX512-VNNI
 ``vpdpbusd``, or an exact AVX2 fallback), then bias and activation in fp32
-(``kernels/cpu/qgemm.h`` has the formulas). ``BERTFAST_CPU_INT8_ISA=auto|vnni|avx2``
+(``kernels/cpu/qgemm.h`` has the formulas). ``BERTFAST_CPU_INT8_ISA=auto|amx|vnni|avx2``
 picks the micro-kernel.
 
 What a model quantizes: the encoder layers' four linear layers (QKV, attention
@@ -220,18 +220,10 @@ def linear_parts(x, packed, colsum, scale, bias=None, act=None, split=False) -> 
     if x.dtype != torch.float32:
         raise TypeError(f"bertfast int8 linear: x must be float32, got {x.dtype}")
     b = None if bias is None else bias.detach().to(torch.float32).contiguous()
-    x = x.contiguous()
-    if not split:
-        return _kernels.qlinear(x, packed, colsum, scale, b, act, None)
-    # x = deq(q) + r: r (what uint8 misses, |r| <= scale / 2) is quantized per row in
-    # turn; act(W deq(q) + W deq(q_r) + b) in fp32. A NaN/inf row stays NaN (scale NaN).
-    q, xs, zp = _kernels.quantize_rows(x)
-    r = x - (q.to(torch.float32) - zp.unsqueeze(-1)) * xs.unsqueeze(-1)
-    out = _kernels.qlinear(r, packed, colsum, scale, None, None, None)
-    out += _kernels.qlinear(x, packed, colsum, scale, b, None, None)
-    if act is not None:
-        _kernels.bias_act(out, None, act, True)
-    return out
+    # split: x = deq(q) + r, r (what uint8 misses, |r| <= scale / 2) quantized per row
+    # in turn; act(W deq(q) + W deq(q_r) + b) in fp32, in one C++ call. A NaN/inf row
+    # stays NaN (scale NaN).
+    return _kernels.qlinear(x.contiguous(), packed, colsum, scale, b, act, None, bool(split))
 
 
 def check_apply(fn) -> None:

@@ -12,8 +12,8 @@
 //     activation bytes widened to int16: every product and pair sum is exact in
 //     int32 (255 * 127 * 2 < 2^31); no vpmaddubsw, which saturates.
 // Both give the same int32 accumulators bit for bit (integer sums are exact).
-// Threads: OpenMP static split over (block of MB rows, 64-column panel) tiles, row
-// block major (the packed int8 weights of a BERT layer fit in L2/L3).
+// Threads: OpenMP static split over (block of rows, 64-column panel) tiles, row
+// block major: MB rows for VNNI / AVX2, MB_AMX for AMX (see tile_amx).
 #include "cpu/qgemm.h"
 
 #include <limits>
@@ -38,7 +38,8 @@ namespace bertfast {
 namespace cpu {
 namespace {
 
-constexpr int64_t MB = 48;              // rows per task (a multiple of both MRs)
+constexpr int64_t MB = 48;              // rows per task for VNNI / AVX2 (a multiple of both MRs)
+constexpr int64_t MB_AMX = 256;         // rows per task for AMX (a multiple of 32)
 constexpr int kRawMode = -100;          // epilogue mode: write the raw int32 accumulators
 constexpr int64_t kStep = kQPanel * 4;  // bytes of one panel per 4 k's
 
@@ -55,6 +56,8 @@ struct QArgs {
   const int32_t* colsum;
   const float* w_scale;
   const float* bias;  // never null here
+  int64_t mb_rows;    // rows per task (MB or MB_AMX)
+  bool accumulate;    // fp32 mode: add the result to what out holds (before the activation)
 };
 
 // Rows [i0, i0 + rows) x columns [n0, n0 + ncols) from tmp [rows][kQPanel].
@@ -74,6 +77,16 @@ BF_INLINE void epilogue(const QArgs& q, const int32_t* tmp, int rows, int64_t i0
       const float* ws = q.w_scale + n0;
       const float* b = q.bias + n0;
       float* o = q.out + m * q.N + n0;
+      if (q.accumulate) {
+        for (int64_t j = 0; j < ncols; ++j) {
+          const float y = static_cast<float>(t[j] - zp * cs[j]) * (sx * ws[j]) + b[j] + o[j];
+          o[j] = MODE == kGeluErf    ? gelu_erf(y)
+                 : MODE == kGeluTanh ? gelu_tanh(y)
+                 : MODE == kRelu     ? relu(y)
+                                     : y;
+        }
+        continue;
+      }
       for (int64_t j = 0; j < ncols; ++j) {
         const float y = static_cast<float>(t[j] - zp * cs[j]) * (sx * ws[j]) + b[j];
         o[j] = MODE == kGeluErf    ? gelu_erf(y)
@@ -89,7 +102,7 @@ BF_INLINE void tile_bounds(const QArgs& q, int64_t mb, int64_t p, int64_t& n0, i
                            int64_t& m_end) {
   n0 = p * kQPanel;
   ncols = q.N - n0 < kQPanel ? q.N - n0 : kQPanel;
-  m_end = (mb + 1) * MB < q.M ? (mb + 1) * MB : q.M;
+  m_end = (mb + 1) * q.mb_rows < q.M ? (mb + 1) * q.mb_rows : q.M;
 }
 
 #ifdef BF_QGEMM_X86
@@ -101,7 +114,7 @@ __attribute__((noinline)) void tile_vnni(const QArgs& q, int64_t mb, int64_t p) 
   tile_bounds(q, mb, p, n0, ncols, m_end);
   const int8_t* BF_RESTRICT bp = q.packed + p * q.K4 * kStep;
   alignas(64) int32_t tmp[MR * kQPanel];
-  for (int64_t i0 = mb * MB; i0 < m_end; i0 += MR) {
+  for (int64_t i0 = mb * q.mb_rows; i0 < m_end; i0 += MR) {
     const int rows = static_cast<int>(m_end - i0 < MR ? m_end - i0 : MR);
     const uint8_t* a[MR];
     for (int r = 0; r < MR; ++r) a[r] = q.a + (i0 + (r < rows ? r : rows - 1)) * q.lda;
@@ -144,7 +157,7 @@ __attribute__((noinline)) void tile_avx2(const QArgs& q, int64_t mb, int64_t p) 
   if (static_cast<int64_t>(widened.size()) < MR * Kp) widened.resize(MR * Kp);
   int16_t* aw = widened.data();
   alignas(64) int32_t tmp[MR * kQPanel];
-  for (int64_t i0 = mb * MB; i0 < m_end; i0 += MR) {
+  for (int64_t i0 = mb * q.mb_rows; i0 < m_end; i0 += MR) {
     const int rows = static_cast<int>(m_end - i0 < MR ? m_end - i0 : MR);
     for (int r = 0; r < MR; ++r) {
       const uint8_t* src = q.a + (i0 + (r < rows ? r : rows - 1)) * q.lda;
@@ -181,10 +194,14 @@ __attribute__((noinline)) void tile_avx2(const QArgs& q, int64_t mb, int64_t p) 
   }
 }
 #ifdef BF_QGEMM_AMX
-// AMX (tdpbusd): 16 rows x 64 columns per step as four 16x16 int32 tiles (tmm0-3),
-// A in tmm4 (16 rows x 64 k), B in tmm5 (16 k/4-rows x 16 columns x 4, read straight
-// from the packed panel with a 256-byte stride). Needs K % 64 == 0 and the A rows
-// padded to a multiple of 16 (the caller's buffer; the extra rows are discarded).
+// AMX (tdpbusd). A task is MB_AMX rows x one 64-column panel: the panel (K x 64
+// bytes) is read from memory once per task and then from cache for every 32 rows.
+// 32 rows at a time: for each 32-column half of the panel, 2 x 2 int32 tiles
+// (tmm0-3, 16 x 16 each) from two A tiles (tmm4-5: 16 rows x 64 k) and two B tiles
+// (tmm6-7: 16 k/4-rows x 16 columns x 4, read straight from the packed panel with a
+// 256-byte stride): 4 tile loads per 4 tdpbusd. A last group of <= 16 rows uses
+// 1 x 4 tiles (one A tile, four B tiles). Needs K % 64 == 0 and the A rows padded
+// to a multiple of 16 (the caller's buffer; the extra rows are discarded).
 struct alignas(64) TileConfig {
   uint8_t palette_id;
   uint8_t start_row;
@@ -202,37 +219,63 @@ tile_amx(const QArgs& q, int64_t mb, int64_t p) {
   tile_bounds(q, mb, p, n0, ncols, m_end);
   TileConfig cfg{};
   cfg.palette_id = 1;
-  for (int t = 0; t < 6; ++t) {
+  for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
   asm volatile("ldtilecfg %0" ::"m"(cfg));
   const int8_t* bp = q.packed + p * q.K4 * kStep;
   const int64_t kblocks = q.K4 / 16;
-  alignas(64) int32_t tmp[16 * kQPanel];
-  for (int64_t i0 = mb * MB; i0 < m_end; i0 += 16) {
-    const int rows = static_cast<int>(m_end - i0 < 16 ? m_end - i0 : 16);
-    const uint8_t* a = q.a + i0 * q.lda;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t kb = 0; kb < kblocks; ++kb) {
-      const int8_t* b = bp + kb * 16 * kStep;
-      _tile_loadd(4, a + kb * 64, q.lda);
-      _tile_loadd(5, b, kStep);
-      _tile_dpbusd(0, 4, 5);
-      _tile_loadd(5, b + 64, kStep);
-      _tile_dpbusd(1, 4, 5);
-      _tile_loadd(5, b + 128, kStep);
-      _tile_dpbusd(2, 4, 5);
-      _tile_loadd(5, b + 192, kStep);
-      _tile_dpbusd(3, 4, 5);
+  const int64_t lda = q.lda;
+  alignas(64) int32_t tmp[32 * kQPanel];
+  for (int64_t i0 = mb * q.mb_rows; i0 < m_end; i0 += 32) {
+    const int rows = static_cast<int>(m_end - i0 < 32 ? m_end - i0 : 32);
+    const uint8_t* a = q.a + i0 * lda;
+    if (rows > 16) {  // rows i0 + 16 .. i0 + 31 exist in the padded buffer
+      for (int h = 0; h < 2; ++h) {
+        const int8_t* bh = bp + h * 128;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t kb = 0; kb < kblocks; ++kb) {
+          const int8_t* b = bh + kb * 16 * kStep;
+          _tile_loadd(4, a + kb * 64, lda);
+          _tile_loadd(6, b, kStep);
+          _tile_dpbusd(0, 4, 6);
+          _tile_loadd(7, b + 64, kStep);
+          _tile_dpbusd(1, 4, 7);
+          _tile_loadd(5, a + 16 * lda + kb * 64, lda);
+          _tile_dpbusd(2, 5, 6);
+          _tile_dpbusd(3, 5, 7);
+        }
+        _tile_stored(0, tmp + h * 32, kQPanel * 4);
+        _tile_stored(1, tmp + h * 32 + 16, kQPanel * 4);
+        _tile_stored(2, tmp + 16 * kQPanel + h * 32, kQPanel * 4);
+        _tile_stored(3, tmp + 16 * kQPanel + h * 32 + 16, kQPanel * 4);
+      }
+    } else {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t kb = 0; kb < kblocks; ++kb) {
+        const int8_t* b = bp + kb * 16 * kStep;
+        _tile_loadd(4, a + kb * 64, lda);
+        _tile_loadd(6, b, kStep);
+        _tile_dpbusd(0, 4, 6);
+        _tile_loadd(7, b + 64, kStep);
+        _tile_dpbusd(1, 4, 7);
+        _tile_loadd(6, b + 128, kStep);
+        _tile_dpbusd(2, 4, 6);
+        _tile_loadd(7, b + 192, kStep);
+        _tile_dpbusd(3, 4, 7);
+      }
+      _tile_stored(0, tmp, kQPanel * 4);
+      _tile_stored(1, tmp + 16, kQPanel * 4);
+      _tile_stored(2, tmp + 32, kQPanel * 4);
+      _tile_stored(3, tmp + 48, kQPanel * 4);
     }
-    _tile_stored(0, tmp, kQPanel * 4);
-    _tile_stored(1, tmp + 16, kQPanel * 4);
-    _tile_stored(2, tmp + 32, kQPanel * 4);
-    _tile_stored(3, tmp + 48, kQPanel * 4);
     epilogue<MODE>(q, tmp, rows, i0, n0, ncols);
   }
   asm volatile("tilerelease" ::);
@@ -262,7 +305,7 @@ __attribute__((noinline)) void tile_scalar(const QArgs& q, int64_t mb, int64_t p
   tile_bounds(q, mb, p, n0, ncols, m_end);
   const int8_t* bp = q.packed + p * q.K4 * kStep;
   int32_t tmp[kQPanel];
-  for (int64_t m = mb * MB; m < m_end; ++m) {
+  for (int64_t m = mb * q.mb_rows; m < m_end; ++m) {
     for (int64_t c = 0; c < ncols; ++c) {
       int32_t s = 0;
       for (int64_t k4 = 0; k4 < q.K4; ++k4)
@@ -275,61 +318,133 @@ __attribute__((noinline)) void tile_scalar(const QArgs& q, int64_t mb, int64_t p
 }
 
 void quantize_row(uint8_t* BF_RESTRICT q, float* scale_out, int32_t* zp_out,
-                  const float* BF_RESTRICT x, int64_t K, int64_t ldq);
+                  const float* BF_RESTRICT x, int64_t K, int64_t ldq, bool wide);
 
 template <int MODE>
+BF_INLINE void run_tile(const QArgs& q, int isa, int64_t mb, int64_t p) {
+#ifdef BF_QGEMM_X86
+  if (isa == kQIsaAmx) {
+#ifdef BF_QGEMM_AMX
+    tile_amx<MODE>(q, mb, p);
+#endif
+  } else if (isa == kQIsaVnni) {
+    tile_vnni<MODE>(q, mb, p);
+  } else {
+    tile_avx2<MODE>(q, mb, p);
+  }
+#else
+  (void)isa;
+  tile_scalar<MODE>(q, mb, p);
+#endif
+}
+
+// With x: its rows are quantized into q's activation buffers (q.a, q.a_scale, q.a_zp)
+// first, in the same parallel region (one fork/join per linear layer). With second
+// (x required): what those rows miss, r = x - (q - zp) * scale, is quantized per row
+// into second's buffers, and each tile runs q (no bias, no activation) and then
+// second (accumulating, bias, MODE) on the same thread while the tile is in cache.
+template <int MODE>
 void run_tiles(const QArgs& q, int isa, int num_threads, const float* x = nullptr, int64_t K = 0,
-               uint8_t* qa = nullptr, float* sx = nullptr, int32_t* zp = nullptr) {
+               const QArgs* second = nullptr) {
   const int64_t panels = (q.N + kQPanel - 1) / kQPanel;
-  const int64_t mblocks = (q.M + MB - 1) / MB;
+  const int64_t mblocks = (q.M + q.mb_rows - 1) / q.mb_rows;
   const int64_t tiles = panels * mblocks;
   // Multiply-adds per thread worth a thread (fork/join and a peer that is not
   // scheduled cost more than a small GEMM on AMX takes).
   const int64_t grain = isa == kQIsaAmx ? (1 << 24) : isa == kQIsaVnni ? (1 << 22) : (1 << 20);
-  const int nt = threads_for(q.M * q.N * q.K4 * 4, grain, num_threads);
-  (void)isa;
+  const int nt = threads_for(q.M * q.N * q.K4 * 4 * (second ? 2 : 1), grain, num_threads);
   (void)nt;
-  // With x: quantize its rows into qa / sx / zp (= q.a, q.a_scale, q.a_zp) first, in
-  // the same parallel region (one fork/join per linear layer).
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
   {
     if (x) {
+      uint8_t* qa = const_cast<uint8_t*>(q.a);
+      float* sx = const_cast<float*>(q.a_scale);
+      int32_t* zp = const_cast<int32_t*>(q.a_zp);
+      const bool wide = isa != kQIsaAvx2;  // AVX-512 quantization (VNNI / AMX CPUs)
+      thread_local std::vector<float> resid;
+      if (second && static_cast<int64_t>(resid.size()) < K) resid.resize(K);
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp for schedule(static)
 #endif
-      for (int64_t m = 0; m < q.M; ++m)
-        quantize_row(qa + m * q.lda, sx + m, zp + m, x + m * K, K, q.lda);
+      for (int64_t m = 0; m < q.M; ++m) {
+        uint8_t* qrow = qa + m * q.lda;
+        const float* xrow = x + m * K;
+        quantize_row(qrow, sx + m, zp + m, xrow, K, q.lda, wide);
+        if (second) {
+          const float s = sx[m];
+          const int32_t z = zp[m];
+          float* r = resid.data();
+          for (int64_t k = 0; k < K; ++k)
+            r[k] = xrow[k] - static_cast<float>(static_cast<int32_t>(qrow[k]) - z) * s;
+          quantize_row(const_cast<uint8_t*>(second->a) + m * q.lda,
+                       const_cast<float*>(second->a_scale) + m,
+                       const_cast<int32_t*>(second->a_zp) + m, r, K, q.lda, wide);
+        }
+      }
     }
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp for schedule(static)
 #endif
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t mb = t / panels, p = t % panels;
-#ifdef BF_QGEMM_X86
-      if (isa == kQIsaAmx) {
-#ifdef BF_QGEMM_AMX
-        tile_amx<MODE>(q, mb, p);
-#endif
-      } else if (isa == kQIsaVnni) {
-        tile_vnni<MODE>(q, mb, p);
+      if (second) {
+        run_tile<kNoActivation>(q, isa, mb, p);
+        run_tile<MODE>(*second, isa, mb, p);
       } else {
-        tile_avx2<MODE>(q, mb, p);
+        run_tile<MODE>(q, isa, mb, p);
       }
-#else
-      tile_scalar<MODE>(q, mb, p);
-#endif
     }
   }
 }
 
-// One row: see the formulas in qgemm.h.
+#ifdef BF_QGEMM_X86
+// AVX-512 bulk of quantize_row's two passes (k < K rounded down to 16); the
+// AVX2 / scalar code finishes the row. Same values bit for bit: min / max are exact
+// in any order, `bad` only needs to become NaN, and the rounding is the same.
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) int64_t
+minmax_avx512(const float* BF_RESTRICT x, int64_t K, float& lo, float& hi, float& bad) {
+  __m512 vlo = _mm512_setzero_ps(), vhi = vlo, vbad = vlo;
+  const __m512 zero = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m512 v = _mm512_loadu_ps(x + k);
+    vlo = _mm512_min_ps(vlo, v);
+    vhi = _mm512_max_ps(vhi, v);
+    vbad = _mm512_add_ps(vbad, _mm512_mul_ps(v, zero));
+  }
+  const float l = _mm512_reduce_min_ps(vlo), h = _mm512_reduce_max_ps(vhi);
+  lo = l < lo ? l : lo;
+  hi = h > hi ? h : hi;
+  bad += _mm512_reduce_add_ps(vbad);
+  return k;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) int64_t
+quantize_avx512(uint8_t* BF_RESTRICT q, const float* BF_RESTRICT x, int64_t K, float inv, float qlo,
+                float qhi, int32_t zp) {
+  const __m512 vinv = _mm512_set1_ps(inv), vqlo = _mm512_set1_ps(qlo), vqhi = _mm512_set1_ps(qhi);
+  const __m512i vzp = _mm512_set1_epi32(zp);
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + k), vinv);
+    v = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_min_ps(_mm512_max_ps(v, vqlo), vqhi);
+    const __m512i i = _mm512_add_epi32(_mm512_cvttps_epi32(v), vzp);  // [0, 255]
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), _mm512_cvtepi32_epi8(i));
+  }
+  return k;
+}
+#endif
+
+// One row: see the formulas in qgemm.h. wide: the CPU has AVX-512 (F/BW/DQ/VL).
 void quantize_row(uint8_t* BF_RESTRICT q, float* scale_out, int32_t* zp_out,
-                  const float* BF_RESTRICT x, int64_t K, int64_t ldq) {
+                  const float* BF_RESTRICT x, int64_t K, int64_t ldq, bool wide) {
   float lo = 0.0f, hi = 0.0f, bad = 0.0f;  // bad: NaN when x holds NaN or +-inf
   int64_t k = 0;
 #ifdef BF_QGEMM_X86
+  if (wide) k = minmax_avx512(x, K, lo, hi, bad);
   {
     __m256 vlo = _mm256_setzero_ps(), vhi = vlo, vbad = vlo;
     const __m256 zero = _mm256_setzero_ps();
@@ -349,6 +464,8 @@ void quantize_row(uint8_t* BF_RESTRICT q, float* scale_out, int32_t* zp_out,
       bad += b[i];
     }
   }
+#else
+  (void)wide;
 #endif
   for (; k < K; ++k) {
     lo = x[k] < lo ? x[k] : lo;
@@ -372,6 +489,7 @@ void quantize_row(uint8_t* BF_RESTRICT q, float* scale_out, int32_t* zp_out,
   *zp_out = zp;
   k = 0;
 #ifdef BF_QGEMM_X86
+  if (wide) k = quantize_avx512(q, x, K, inv, qlo, qhi, zp);
   {
     const __m256 vinv = _mm256_set1_ps(inv), vqlo = _mm256_set1_ps(qlo), vqhi = _mm256_set1_ps(qhi);
     const __m256i vzp = _mm256_set1_epi32(zp);
@@ -431,10 +549,12 @@ void quantize_rows(uint8_t* q, float* scale, int32_t* zp, const float* x, int64_
                    int64_t ldq, int num_threads) {
   const int nt = threads_for(M * K, 1 << 16, num_threads);
   (void)nt;
+  const bool wide = qgemm_cpu_has_vnni();
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp parallel for num_threads(nt) schedule(static)
 #endif
-  for (int64_t m = 0; m < M; ++m) quantize_row(q + m * ldq, scale + m, zp + m, x + m * K, K, ldq);
+  for (int64_t m = 0; m < M; ++m)
+    quantize_row(q + m * ldq, scale + m, zp + m, x + m * K, K, ldq, wide);
 }
 
 void qgemm_pack(int8_t* packed, int32_t* colsum, const int8_t* w, int64_t N, int64_t K,
@@ -483,48 +603,66 @@ void qgemm_s32(int32_t* out, const uint8_t* a, int64_t lda, const int8_t* packed
   q.M = M;
   q.N = N;
   q.out32 = out;
+  q.mb_rows = isa == kQIsaAmx ? MB_AMX : MB;
   run_tiles<kRawMode>(q, isa, num_threads);
 }
 
+namespace {
+// A calling thread's activation buffers for one part (the GIL is released: several
+// Python threads may call): uint8 rows padded to 16 rows for AMX, scales, zero points.
+struct QuantBuffers {
+  std::vector<uint8_t> qa;
+  std::vector<float> sx;
+  std::vector<int32_t> zp;
+  void reserve(int64_t M, int64_t Kp, bool amx) {
+    const int64_t M16 = (M + 15) / 16 * 16;  // AMX reads whole 16-row tiles
+    if (static_cast<int64_t>(qa.size()) < M16 * Kp) qa.resize(M16 * Kp);
+    if (amx && M16 != M && Kp > 0)
+      std::memset(qa.data() + M * Kp, 0, static_cast<size_t>((M16 - M) * Kp));
+    if (static_cast<int64_t>(sx.size()) < M) {
+      sx.resize(M);
+      zp.resize(M);
+    }
+  }
+};
+}  // namespace
+
 void qlinear(float* out, const float* x, const int8_t* packed, const int32_t* colsum,
              const float* w_scale, const float* bias, int64_t M, int64_t N, int64_t K,
-             int activation, int isa, int num_threads) {
+             int activation, int isa, int num_threads, bool split) {
   if (M <= 0 || N <= 0) return;
   isa = qgemm_isa_for(isa, K);
   advise_huge_pages(out, M * N * static_cast<int64_t>(sizeof(float)));
   const int64_t Kp = qgemm_padded_k(K);
-  const int64_t M16 = (M + 15) / 16 * 16;  // AMX reads whole 16-row tiles
-  // Per calling thread (the GIL is released: several Python threads may call).
-  thread_local std::vector<uint8_t> qa;
-  thread_local std::vector<float> sx;
-  thread_local std::vector<int32_t> zp;
+  thread_local QuantBuffers parts[2];
   thread_local std::vector<float> zeros;
-  if (static_cast<int64_t>(qa.size()) < M16 * Kp) qa.resize(M16 * Kp);
-  if (isa == kQIsaAmx && M16 != M && Kp > 0)
-    std::memset(qa.data() + M * Kp, 0, static_cast<size_t>((M16 - M) * Kp));
-  if (static_cast<int64_t>(sx.size()) < M) {
-    sx.resize(M);
-    zp.resize(M);
-  }
-  if (!bias) {
-    if (static_cast<int64_t>(zeros.size()) < N) zeros.assign(N, 0.0f);
-    bias = zeros.data();
-  }
+  parts[0].reserve(M, Kp, isa == kQIsaAmx);
+  if (split) parts[1].reserve(M, Kp, isa == kQIsaAmx);
+  if (static_cast<int64_t>(zeros.size()) < N) zeros.assign(N, 0.0f);
   QArgs q{};
-  q.a = qa.data();
   q.lda = Kp;
   q.packed = packed;
   q.K4 = Kp / 4;
   q.M = M;
   q.N = N;
   q.out = out;
-  q.a_scale = sx.data();
-  q.a_zp = zp.data();
   q.colsum = colsum;
   q.w_scale = w_scale;
-  q.bias = bias;
+  q.mb_rows = isa == kQIsaAmx ? MB_AMX : MB;
+  QArgs q1 = q, q2 = q;
+  q1.a = parts[0].qa.data();
+  q1.a_scale = parts[0].sx.data();
+  q1.a_zp = parts[0].zp.data();
+  q1.bias = split || !bias ? zeros.data() : bias;
+  if (split) {
+    q2.a = parts[1].qa.data();
+    q2.a_scale = parts[1].sx.data();
+    q2.a_zp = parts[1].zp.data();
+    q2.bias = bias ? bias : zeros.data();
+    q2.accumulate = true;
+  }
   dispatch_activation</*kWithNone=*/true>(activation, [&](auto act_c) {
-    run_tiles<decltype(act_c)::value>(q, isa, num_threads, x, K, qa.data(), sx.data(), zp.data());
+    run_tiles<decltype(act_c)::value>(q1, isa, num_threads, x, K, split ? &q2 : nullptr);
   });
 }
 

@@ -49,9 +49,13 @@ void qgemm_s32(int32_t* out, const uint8_t* a, int64_t lda, const int8_t* packed
 
 // Fused: quantize x [M, K] per row, multiply, fp32 epilogue (bias may be null,
 // activation kNoActivation / kGeluErf / kGeluTanh / kRelu).
+// split: x in two parts, its uint8 rows (q1, scale1, zp1) and what they miss,
+//   r = x - (q1 - zp1) * scale1 (fp32), itself quantized per row (q2, scale2, zp2);
+//   out = act(y1 + y2) with y1 = the epilogue of q1 without bias, y2 = that of q2
+//   with bias: ~16-bit activations for two int8 GEMMs.
 void qlinear(float* out, const float* x, const int8_t* packed, const int32_t* colsum,
              const float* w_scale, const float* bias, int64_t M, int64_t N, int64_t K,
-             int activation, int isa, int num_threads);
+             int activation, int isa, int num_threads, bool split = false);
 
 }  // namespace cpu
 }  // namespace bertfast

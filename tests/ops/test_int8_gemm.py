@@ -59,6 +59,9 @@ SHAPES = [  # (M, N, K)
     (48, 64, 192),
     (33, 191, 384),
     (65, 130, 1536),
+    # AMX: 32-row groups (2 x 2 tiles), a last group of 1..16 rows, tasks of 256 rows
+    (300, 130, 128),
+    (529, 64, 64),
 ]
 
 
@@ -219,6 +222,73 @@ def test_qlinear_vs_dequantized_and_fp32(isa, act, M, N, K):
     if M > 1 and N > 1:
         cos = F.cosine_similarity(out.flatten(), fp32.flatten(), dim=0).item()
         assert cos > 0.999, cos
+
+
+def _split_ref(x, w, bias, act):
+    """float64 reference of qlinear(split=True): x's uint8 rows plus what they miss
+    (r = x - (q - zp) * scale in fp32, quantized per row in turn), same weights."""
+    q, sx, zp = _quantize_rows_ref(x)
+    r = x - (q.float() - zp[:, None].float()) * sx[:, None]
+    y = _dequant_ref(x, w, None, None) + _dequant_ref(r, w, bias, None)
+    return _act(y, act)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("act", [None, "gelu"])
+@pytest.mark.parametrize("M,N,K", [(1, 3, 5), (7, 65, 37), (33, 130, 128), (300, 70, 64)])
+def test_qlinear_split_vs_reference(isa, act, M, N, K):
+    x = _rand(M, K, seed=11) * 3.0
+    x[0, 0] = 40.0  # one large value: the first part's scale is coarse
+    w = _rand(N, K, seed=12) / K**0.5
+    b = _rand(N, seed=13)
+    packed, colsum, sw = _qweight(w)
+    out = _K.qlinear(x, packed, colsum, sw, b, act, isa, True)
+    ref = _split_ref(x, w, b, act)
+    # r may round differently in its last bit (the kernel may fuse its multiply-add),
+    # moving one second-part value by one step (scale / 255): atol covers that step
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=2e-4)
+    # two parts: much closer to the fp32 linear (same weights) than one
+    wd = _quantize_weight_ref(w)
+    wdeq = wd[0].float() * wd[1][:, None]
+    exact = _act(F.linear(x.double(), wdeq.double(), b.double()), act)
+    one = _K.qlinear(x, packed, colsum, sw, b, act, isa)
+    assert (out.double() - exact).abs().max() < (one.double() - exact).abs().max() / 20
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_qlinear_split_nonfinite_rows_are_nan(isa):
+    x = _rand(5, 64, seed=14)
+    x[2, 7] = float("nan")
+    x[3, 1] = float("-inf")
+    w = _rand(40, 64, seed=15)
+    packed, colsum, sw = _qweight(w)
+    out = _K.qlinear(x, packed, colsum, sw, None, None, isa, True)
+    assert torch.isnan(out[[2, 3]]).all()
+    good = [0, 1, 4]
+    ref = _split_ref(x[good], w, None, None)
+    torch.testing.assert_close(out[good].double(), ref, rtol=1e-5, atol=2e-4)
+
+
+def test_qlinear_reused_output_buffers_are_independent():
+    """Outputs from 1 MiB come from a cache of freed buffers: a live output is never
+    handed out again, a reused buffer is fully overwritten."""
+    x1, x2 = _rand(512, 64, seed=16), _rand(512, 64, seed=17)
+    w = _rand(640, 64, seed=18)
+    packed, colsum, sw = _qweight(w)
+    ref1, ref2 = _dequant_ref(x1, w, None, None), _dequant_ref(x2, w, None, None)
+    out1 = _K.qlinear(x1, packed, colsum, sw, None)
+    out2 = _K.qlinear(x2, packed, colsum, sw, None)
+    assert out1.data_ptr() != out2.data_ptr()
+    torch.testing.assert_close(out1.double(), ref1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out2.double(), ref2, rtol=1e-5, atol=1e-5)
+    out1.fill_(float("nan"))
+    del out1
+    for _ in range(3):  # the freed buffer comes back, NaN-filled: every value rewritten
+        out3 = _K.qlinear(x1, packed, colsum, sw, None)
+        torch.testing.assert_close(out3.double(), ref1, rtol=1e-5, atol=1e-5)
+        out3.fill_(float("nan"))
+        del out3
+    torch.testing.assert_close(out2.double(), ref2, rtol=1e-5, atol=1e-5)
 
 
 def test_qlinear_no_bias_leading_dims_and_k0():
