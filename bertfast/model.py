@@ -608,7 +608,22 @@ class BertfastModel(nn.Module):
         linear, linear_gelu = plan.linear, plan.linear_gelu
         add_ln, attention = plan.add_layernorm, plan.attention_varlen
         layers = self.layers._modules
-        for idx in cfg.layer_schedule():
+        schedule = cfg.layer_schedule()
+        # Zero rows up to a row count every GEMM runs on oneDNN at (a ragged batch's
+        # token count between its sizes; see cpu_weights.layer_rows), a sequence of
+        # their own for attention, dropped at the end: rows never mix but in attention.
+        rows = tokens = h.shape[0]
+        if schedule:
+            first = layers[str(schedule[0])]._modules
+            weights = [
+                first[n]._parameters["weight"] for n in ("qkv", "attn_out", "ffn_in", "ffn_out")
+            ]
+            rows = _cpu_weights.layer_rows(tokens, weights)
+        if rows != tokens:
+            h = torch.cat([h, h.new_zeros(rows - tokens, h.shape[1])])
+            cu = torch.cat([cu, cu.new_full((1,), rows)])
+            max_len = max(max_len, rows - tokens)
+        for idx in schedule:
             L = layers[str(idx)]._modules
             qkv, out, attn_ln = L["qkv"]._parameters, L["attn_out"]._parameters, L["attn_ln"]
             ffn_in, ffn_out, ffn_ln = L["ffn_in"]._parameters, L["ffn_out"]._parameters, L["ffn_ln"]
@@ -621,8 +636,8 @@ class BertfastModel(nn.Module):
             ln = ffn_ln._parameters
             h = add_ln(o, h, ffn_out["bias"], ln["weight"], ln["bias"], eps)
             if states is not None:
-                states.append(h)
-        return h
+                states.append(h[:tokens])
+        return h[:tokens]
 
     def _plan(self) -> _Plan | None:
         """The cpu backend's implementations of the encoder's ops when this forward

@@ -271,3 +271,67 @@ def test_loaded_bf16_model_runs_on_onednn(minilm_like, monkeypatch):
     assert cos.min().item() >= 0.999
     plain = sum(p.numel() * 2 for p in hf.state_dict().values() if p.is_floating_point())
     assert model.weight_nbytes() <= 1.01 * plain + 1024
+
+
+def test_layer_rows_pads_only_weights_onednn_holds():
+    """An encoder pads its token rows up to a oneDNN row size only when all its GEMM
+    weights are held by oneDNN: fp32 (whose other counts run the C++ GEMM) when at
+    most LAYER_PAD_FRACTION more rows, bf16 (padded at each call otherwise) always;
+    never at or below SMALL_ROWS, never for own panels or plain weights."""
+    w = torch.randn(128, 64)
+    own = cpu_weights.PackedWeight.of(w, "own")
+    for m in range(5000):
+        assert cpu_weights.layer_rows(m, [own]) == m
+        assert cpu_weights.layer_rows(m, [w]) == m
+    if not cpu_weights.ONEDNN:
+        return
+    forms = [(cpu_weights.PackedWeight.of(w, "onednn"), cpu_weights.LAYER_PAD_FRACTION)]
+    if ONEDNN_BF16:
+        forms.append((cpu_weights.PackedWeight.of(w.bfloat16(), "onednn"), 1.0))
+    for pw, fraction in forms:
+        if pw.dtype == torch.float32 and pw._panels is None:
+            fraction = 1.0  # oneDNN's layout is not panels here: every call pads
+        padded_some = False
+        for m in range(5000):
+            size = cpu_weights.onednn_rows(m)
+            want = size if m > cpu_weights.SMALL_ROWS and size - m <= fraction * m else m
+            assert cpu_weights.layer_rows(m, [pw]) == want, (pw.dtype, m)
+            assert cpu_weights.layer_rows(m, [pw, own]) == m  # one weight not oneDNN's
+            padded_some |= want != m
+        assert padded_some
+
+
+@pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
+@pytest.mark.parametrize(
+    "lengths", [(40, 33, 1, 29, 20), (40, 16, 11, 10)], ids=["123to128", "77to80"]
+)
+def test_loaded_model_pads_ragged_tokens_to_a_onednn_size(lengths, minilm_like, monkeypatch):
+    """A ragged batch whose token count lies between oneDNN's sizes runs its layers on
+    zero rows up to the size (cpu_weights.layer_rows): same answer as transformers,
+    hidden states of the real tokens only, zeros at padded positions."""
+    from ..models import make_batch
+
+    hf, folder = minilm_like
+    monkeypatch.setattr(cpu_weights, "ROUTE", "onednn")
+    model = bertfast.from_pretrained(folder, backend="cpu")
+    seen = []
+    layer_rows = cpu_weights.layer_rows
+
+    def spy(rows, weights):
+        seen.append((rows, layer_rows(rows, weights)))
+        return seen[-1][1]
+
+    monkeypatch.setattr(cpu_weights, "layer_rows", spy)
+    batch = make_batch("bert", lengths=lengths)
+    with torch.no_grad():
+        ref = hf(**batch, output_hidden_states=True)
+    out = model(**batch, output_hidden_states=True)
+    tokens = sum(lengths)
+    assert seen == [(tokens, cpu_weights.onednn_rows(tokens))] and seen[0][1] > tokens
+    mask = batch["attention_mask"].bool()
+    assert len(out.hidden_states) == len(ref.hidden_states)
+    for got, want in zip(out.hidden_states, ref.hidden_states):
+        assert got.shape == want.shape
+        assert (got[mask] - want[mask]).abs().max().item() <= 1e-4
+        assert (got[~mask] == 0).all()
+    assert (out.last_hidden_state[mask] - ref.last_hidden_state[mask]).abs().max() <= 1e-4
