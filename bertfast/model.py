@@ -103,6 +103,9 @@ def _as_parameter(tensor: torch.Tensor) -> nn.Parameter:
 #: ops.linear / ops.linear_gelu: what an owned fp32 CPU model keeps packed.
 _TABLES = re.compile(r"^embeddings\.(word|position|token_type)$")
 
+#: An encoder layer's linear layers, in order.
+_GEMMS = ("qkv", "attn_out", "ffn_in", "ffn_out")
+
 #: The weights ``quantize="int8"`` quantizes: the encoder layers' linear layers
 #: (see bertfast/ops/quant.py for why the projection, pooler and heads stay fp32).
 _QUANTIZED = re.compile(r"^layers\.\d+\.(qkv|attn_out|ffn_in|ffn_out)\.weight$")
@@ -609,32 +612,43 @@ class BertfastModel(nn.Module):
         add_ln, attention = plan.add_layernorm, plan.attention_varlen
         layers = self.layers._modules
         schedule = cfg.layer_schedule()
-        # Zero rows up to a row count every GEMM runs on oneDNN at (a ragged batch's
-        # token count between its sizes; see cpu_weights.layer_rows), a sequence of
-        # their own for attention, dropped at the end: rows never mix but in attention.
+        # Zero rows up to a row count every GEMM runs on oneDNN at (a sequence of their
+        # own for attention, dropped at the end), and row blocks that keep activations
+        # small enough for malloc to reuse: see cpu_weights.layer_blocks.
         rows = tokens = h.shape[0]
+        attn_blocks, blocks = [(0, rows, None)], [(0, rows)]
         if schedule:
             first = layers[str(schedule[0])]._modules
-            weights = [
-                first[n]._parameters["weight"] for n in ("qkv", "attn_out", "ffn_in", "ffn_out")
-            ]
-            rows = _cpu_weights.layer_rows(tokens, weights)
+            weights = [first[n]._parameters["weight"] for n in _GEMMS]
+            seq = info.seqlen if info.dense else None
+            rows, attn_blocks, blocks = _cpu_weights.layer_blocks(
+                tokens, weights, h.element_size(), seq
+            )
         if rows != tokens:
             h = torch.cat([h, h.new_zeros(rows - tokens, h.shape[1])])
             cu = torch.cat([cu, cu.new_full((1,), rows)])
             max_len = max(max_len, rows - tokens)
+        attn_blocks = [(b, e, cu if n is None else cu[: n + 1]) for b, e, n in attn_blocks]
         for idx in schedule:
             L = layers[str(idx)]._modules
             qkv, out, attn_ln = L["qkv"]._parameters, L["attn_out"]._parameters, L["attn_ln"]
             ffn_in, ffn_out, ffn_ln = L["ffn_in"]._parameters, L["ffn_out"]._parameters, L["ffn_ln"]
-            ctx = attention(linear(h, qkv["weight"], qkv["bias"]), cu, max_len, nh, scale)
-            a = linear(ctx, out["weight"], None)
             ln = attn_ln._parameters
-            h = add_ln(a, h, out["bias"], ln["weight"], ln["bias"], eps)
-            f = linear_gelu(h, ffn_in["weight"], ffn_in["bias"], act)
-            o = linear(f, ffn_out["weight"], None)
+            parts = []
+            for begin, end, cu_block in attn_blocks:
+                x = h[begin:end]
+                ctx = attention(linear(x, qkv["weight"], qkv["bias"]), cu_block, max_len, nh, scale)
+                a = linear(ctx, out["weight"], None)
+                parts.append(add_ln(a, x, out["bias"], ln["weight"], ln["bias"], eps))
+            h = parts[0] if len(parts) == 1 else torch.cat(parts)
             ln = ffn_ln._parameters
-            h = add_ln(o, h, ffn_out["bias"], ln["weight"], ln["bias"], eps)
+            parts = []
+            for begin, end in blocks:  # row blocks: see cpu_weights.row_blocks
+                x = h[begin:end]
+                f = linear_gelu(x, ffn_in["weight"], ffn_in["bias"], act)
+                o = linear(f, ffn_out["weight"], None)
+                parts.append(add_ln(o, x, ffn_out["bias"], ln["weight"], ln["bias"], eps))
+            h = parts[0] if len(parts) == 1 else torch.cat(parts)
             if states is not None:
                 states.append(h[:tokens])
         return h[:tokens]

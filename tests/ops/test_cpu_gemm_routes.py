@@ -335,3 +335,58 @@ def test_loaded_model_pads_ragged_tokens_to_a_onednn_size(lengths, minilm_like, 
         assert (got[mask] - want[mask]).abs().max().item() <= 1e-4
         assert (got[~mask] == 0).all()
     assert (out.last_hidden_state[mask] - ref.last_hidden_state[mask]).abs().max() <= 1e-4
+
+
+def test_row_blocks_cover_rows_in_onednn_sizes():
+    """Row blocks cover every row once, in order; split only when the activation is
+    over FRESH_BYTES_MAX, into blocks under it, each a oneDNN row size made of whole
+    ``unit``-row sequences."""
+    limit = cpu_weights.FRESH_BYTES_MAX
+    cases = [(4096, 3072, 1), (4096, 2304, 128), (16384, 2304, 256), (5000, 3072, 1)]
+    cases += [(4096, 768, 1), (4096, 2304, 100), (300, 9, 1)]
+    for rows, width, unit in cases:
+        blocks = cpu_weights.row_blocks(rows, width, 4, unit)
+        assert blocks[0][0] == 0 and blocks[-1][1] == rows
+        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+        if rows * width * 4 <= limit:
+            assert blocks == [(0, rows)]
+        if len(blocks) > 1:
+            size = blocks[0][1]
+            assert size * width * 4 <= limit and size % unit == 0
+            assert cpu_weights.onednn_rows(size) == size > cpu_weights.SMALL_ROWS
+    assert len(cpu_weights.row_blocks(4096, 3072, 4)) == 2  # BERT-base's FFN at 4096 rows
+
+
+@pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
+@pytest.mark.parametrize(
+    "lengths", [(40,) * 8, (40, 33, 1, 29, 20, 40, 38, 30, 39)], ids=["dense8x40", "ragged270to288"]
+)
+def test_loaded_model_in_row_blocks_matches_transformers(lengths, minilm_like, monkeypatch):
+    """With a small FRESH_BYTES_MAX the layers run attention in blocks of whole
+    sequences (a batch without padding) and the FFN in row blocks: same answer as
+    transformers, hidden states included."""
+    from ..models import make_batch
+
+    hf, folder = minilm_like
+    monkeypatch.setattr(cpu_weights, "ROUTE", "onednn")
+    monkeypatch.setattr(cpu_weights, "FRESH_BYTES_MAX", 128 * 512 * 4)
+    model = bertfast.from_pretrained(folder, backend="cpu")
+    seen = []
+    layer_blocks = cpu_weights.layer_blocks
+
+    def spy(*args):
+        seen.append(layer_blocks(*args))
+        return seen[-1]
+
+    monkeypatch.setattr(cpu_weights, "layer_blocks", spy)
+    batch = make_batch("bert", lengths=lengths)
+    with torch.no_grad():
+        ref = hf(**batch, output_hidden_states=True)
+    out = model(**batch, output_hidden_states=True)
+    ((rows, attention, ffn),) = seen
+    assert len(ffn) > 1
+    assert len(attention) == (2 if len(set(lengths)) == 1 else 1)
+    mask = batch["attention_mask"].bool()
+    for got, want in zip(out.hidden_states, ref.hidden_states, strict=True):
+        assert (got[mask] - want[mask]).abs().max().item() <= 1e-4
+        assert (got[~mask] == 0).all()
