@@ -629,26 +629,39 @@ class BertfastModel(nn.Module):
             cu = torch.cat([cu, cu.new_full((1,), rows)])
             max_len = max(max_len, rows - tokens)
         attn_blocks = [(b, e, cu if n is None else cu[: n + 1]) for b, e, n in attn_blocks]
+        blocks = [(b, e, None) for b, e in blocks]
+        spare = None  # a free [rows, H] tensor: a previous h no hidden state keeps
+
+        def attention_block(L, x, cu_block, out):
+            qkv, proj, ln = L["qkv"]._parameters, L["attn_out"]._parameters, L["attn_ln"]
+            ctx = attention(linear(x, qkv["weight"], qkv["bias"]), cu_block, max_len, nh, scale)
+            a = linear(ctx, proj["weight"], None)
+            ln = ln._parameters
+            return add_ln(a, x, proj["bias"], ln["weight"], ln["bias"], eps, out=out)
+
+        def ffn_block(L, x, _, out):
+            ffn_in, ffn_out = L["ffn_in"]._parameters, L["ffn_out"]._parameters
+            f = linear_gelu(x, ffn_in["weight"], ffn_in["bias"], act)
+            o = linear(f, ffn_out["weight"], None)
+            ln = L["ffn_ln"]._parameters
+            return add_ln(o, x, ffn_out["bias"], ln["weight"], ln["bias"], eps, out=out)
+
+        def in_blocks(step, L, h, blocks):
+            """``step`` on each block of rows; in more than one block, each block's
+            LayerNorm writes its rows of the new h (cpu add_layernorm's ``out``)."""
+            nonlocal spare
+            if len(blocks) == 1:
+                return step(L, h, blocks[0][2], None)
+            out, spare = (spare if spare is not None else torch.empty_like(h)), None
+            for begin, end, extra in blocks:
+                step(L, h[begin:end], extra, out[begin:end])
+            spare = h if states is None else None
+            return out
+
         for idx in schedule:
             L = layers[str(idx)]._modules
-            qkv, out, attn_ln = L["qkv"]._parameters, L["attn_out"]._parameters, L["attn_ln"]
-            ffn_in, ffn_out, ffn_ln = L["ffn_in"]._parameters, L["ffn_out"]._parameters, L["ffn_ln"]
-            ln = attn_ln._parameters
-            parts = []
-            for begin, end, cu_block in attn_blocks:
-                x = h[begin:end]
-                ctx = attention(linear(x, qkv["weight"], qkv["bias"]), cu_block, max_len, nh, scale)
-                a = linear(ctx, out["weight"], None)
-                parts.append(add_ln(a, x, out["bias"], ln["weight"], ln["bias"], eps))
-            h = parts[0] if len(parts) == 1 else torch.cat(parts)
-            ln = ffn_ln._parameters
-            parts = []
-            for begin, end in blocks:  # row blocks: see cpu_weights.row_blocks
-                x = h[begin:end]
-                f = linear_gelu(x, ffn_in["weight"], ffn_in["bias"], act)
-                o = linear(f, ffn_out["weight"], None)
-                parts.append(add_ln(o, x, ffn_out["bias"], ln["weight"], ln["bias"], eps))
-            h = parts[0] if len(parts) == 1 else torch.cat(parts)
+            h = in_blocks(attention_block, L, h, attn_blocks)
+            h = in_blocks(ffn_block, L, h, blocks)
             if states is not None:
                 states.append(h[:tokens])
         return h[:tokens]
