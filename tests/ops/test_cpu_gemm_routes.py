@@ -390,3 +390,39 @@ def test_loaded_model_in_row_blocks_matches_transformers(lengths, minilm_like, m
     for got, want in zip(out.hidden_states, ref.hidden_states, strict=True):
         assert (got[mask] - want[mask]).abs().max().item() <= 1e-4
         assert (got[~mask] == 0).all()
+
+
+@pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
+@pytest.mark.parametrize(
+    "lengths", [(40,) * 8, (40, 33, 1, 29, 20, 40, 38, 30, 39)], ids=["dense8x40", "ragged270"]
+)
+def test_nan_stays_in_its_sequence_through_padding_and_blocks(lengths, minilm_like, monkeypatch):
+    """A NaN embedding row (one token of row 1) poisons its own sequence only, as in
+    transformers: the zero rows added up to a oneDNN size and the row blocks never
+    mix rows across sequences."""
+    from ..models import make_batch
+
+    hf, folder = minilm_like
+    monkeypatch.setattr(cpu_weights, "ROUTE", "onednn")
+    monkeypatch.setattr(cpu_weights, "FRESH_BYTES_MAX", 128 * 512 * 4)
+    model = bertfast.from_pretrained(folder, backend="cpu")
+    batch = make_batch("bert", lengths=lengths)
+    token = int(batch["input_ids"][1, 0])
+    batch["input_ids"][batch["input_ids"] == token] = 1  # only row 1 holds the token
+    batch["input_ids"][1, 0] = token
+    table = hf.get_input_embeddings().weight
+    saved = table[token].detach().clone()
+    with torch.no_grad():
+        model.embeddings.word.data[token] = float("nan")
+        table[token] = float("nan")
+        try:
+            ref = hf(**batch).last_hidden_state
+        finally:
+            table[token] = saved  # the transformers model is shared by this module's tests
+    out = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].bool()
+    assert torch.equal(out[mask].isnan(), ref[mask].isnan())
+    assert out[1, : lengths[1]].isnan().all()
+    keep = mask.clone()
+    keep[1] = False
+    assert (out[keep] - ref[keep]).abs().max().item() <= 1e-4
