@@ -103,6 +103,9 @@ def _as_parameter(tensor: torch.Tensor) -> nn.Parameter:
 #: ops.linear / ops.linear_gelu: what an owned fp32 CPU model keeps packed.
 _TABLES = re.compile(r"^embeddings\.(word|position|token_type)$")
 
+#: An encoder layer's linear layers, in order.
+_GEMMS = ("qkv", "attn_out", "ffn_in", "ffn_out")
+
 #: The weights ``quantize="int8"`` quantizes: the encoder layers' linear layers
 #: (see bertfast/ops/quant.py for why the projection, pooler and heads stay fp32).
 _QUANTIZED = re.compile(r"^layers\.\d+\.(qkv|attn_out|ffn_in|ffn_out)\.weight$")
@@ -608,21 +611,60 @@ class BertfastModel(nn.Module):
         linear, linear_gelu = plan.linear, plan.linear_gelu
         add_ln, attention = plan.add_layernorm, plan.attention_varlen
         layers = self.layers._modules
-        for idx in cfg.layer_schedule():
-            L = layers[str(idx)]._modules
-            qkv, out, attn_ln = L["qkv"]._parameters, L["attn_out"]._parameters, L["attn_ln"]
-            ffn_in, ffn_out, ffn_ln = L["ffn_in"]._parameters, L["ffn_out"]._parameters, L["ffn_ln"]
-            ctx = attention(linear(h, qkv["weight"], qkv["bias"]), cu, max_len, nh, scale)
-            a = linear(ctx, out["weight"], None)
-            ln = attn_ln._parameters
-            h = add_ln(a, h, out["bias"], ln["weight"], ln["bias"], eps)
-            f = linear_gelu(h, ffn_in["weight"], ffn_in["bias"], act)
+        schedule = cfg.layer_schedule()
+        # Zero rows up to a row count every GEMM runs on oneDNN at (a sequence of their
+        # own for attention, dropped at the end), and row blocks that keep activations
+        # small enough for malloc to reuse: see cpu_weights.layer_blocks.
+        rows = tokens = h.shape[0]
+        attn_blocks, blocks = [(0, rows, None)], [(0, rows)]
+        if schedule:
+            first = layers[str(schedule[0])]._modules
+            weights = [first[n]._parameters["weight"] for n in _GEMMS]
+            seq = info.seqlen if info.dense else None
+            rows, attn_blocks, blocks = _cpu_weights.layer_blocks(
+                tokens, weights, h.element_size(), seq
+            )
+        if rows != tokens:
+            h = torch.cat([h, h.new_zeros(rows - tokens, h.shape[1])])
+            cu = torch.cat([cu, cu.new_full((1,), rows)])
+            max_len = max(max_len, rows - tokens)
+        attn_blocks = [(b, e, cu if n is None else cu[: n + 1]) for b, e, n in attn_blocks]
+        blocks = [(b, e, None) for b, e in blocks]
+        spare = None  # a free [rows, H] tensor: a previous h no hidden state keeps
+
+        def attention_block(L, x, cu_block, out):
+            qkv, proj, ln = L["qkv"]._parameters, L["attn_out"]._parameters, L["attn_ln"]
+            ctx = attention(linear(x, qkv["weight"], qkv["bias"]), cu_block, max_len, nh, scale)
+            a = linear(ctx, proj["weight"], None)
+            ln = ln._parameters
+            return add_ln(a, x, proj["bias"], ln["weight"], ln["bias"], eps, out=out)
+
+        def ffn_block(L, x, _, out):
+            ffn_in, ffn_out = L["ffn_in"]._parameters, L["ffn_out"]._parameters
+            f = linear_gelu(x, ffn_in["weight"], ffn_in["bias"], act)
             o = linear(f, ffn_out["weight"], None)
-            ln = ffn_ln._parameters
-            h = add_ln(o, h, ffn_out["bias"], ln["weight"], ln["bias"], eps)
+            ln = L["ffn_ln"]._parameters
+            return add_ln(o, x, ffn_out["bias"], ln["weight"], ln["bias"], eps, out=out)
+
+        def in_blocks(step, L, h, blocks):
+            """``step`` on each block of rows; in more than one block, each block's
+            LayerNorm writes its rows of the new h (cpu add_layernorm's ``out``)."""
+            nonlocal spare
+            if len(blocks) == 1:
+                return step(L, h, blocks[0][2], None)
+            out, spare = (spare if spare is not None else torch.empty_like(h)), None
+            for begin, end, extra in blocks:
+                step(L, h[begin:end], extra, out[begin:end])
+            spare = h if states is None else None
+            return out
+
+        for idx in schedule:
+            L = layers[str(idx)]._modules
+            h = in_blocks(attention_block, L, h, attn_blocks)
+            h = in_blocks(ffn_block, L, h, blocks)
             if states is not None:
-                states.append(h)
-        return h
+                states.append(h[:tokens])
+        return h[:tokens]
 
     def _plan(self) -> _Plan | None:
         """The cpu backend's implementations of the encoder's ops when this forward

@@ -6,6 +6,7 @@
 // its output and runs the kernel with the GIL released on torch's intra-op thread
 // count (torch.get_num_threads()). The argument order is the CUDA side's
 // (csrc/cuda/cuda_ops.cpp), which adds a trailing `stream`.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 
 #include "binding.h"
@@ -45,10 +46,26 @@ Tensor embed_layernorm(const Tensor& input_ids, const Tensor& position_ids,
 }
 
 Tensor add_layernorm(const Tensor& x, const Tensor& residual, const OptTensor& bias,
-                     const Tensor& weight, const Tensor& ln_bias, double eps) {
+                     const Tensor& weight, const Tensor& ln_bias, double eps,
+                     const OptTensor& out_opt) {
   Op op = cpu_op("add_layernorm");
   const RowsArgs a = check_add_layernorm(op, x, residual, bias, weight, ln_bias, eps);
-  Tensor out = at::empty(x.sizes(), x.options());
+  Tensor out;
+  if (out_opt) {
+    // Rows are read whole before their output row is written: `out` may be x or
+    // residual itself, never another part of them.
+    out = *out_opt;
+    op.like(out, "out", x, "x");
+    if (out.sizes() != x.sizes())
+      op.value_error("out has shape " + Op::shape(out) + ", x has " + Op::shape(x));
+    for (const Tensor* t : {&x, &residual}) {
+      const at::MemOverlapStatus overlap = at::get_overlap_status(out, *t);
+      if (overlap == at::MemOverlapStatus::Partial)
+        op.value_error("out overlaps x or residual partly; pass them or a separate tensor");
+    }
+  } else {
+    out = at::empty(x.sizes(), x.options());
+  }
   if (a.rows == 0 || a.width == 0) return out;
   cpu::add_layernorm(a.dtype, out.data_ptr(), x.const_data_ptr(), residual.const_data_ptr(),
                      bias ? bias->const_data_ptr() : nullptr, weight.const_data_ptr(),
@@ -217,8 +234,10 @@ void register_cpu_ops(pybind11::module_& m) {
           arg("input_ids"), arg("position_ids"), arg("token_type_ids"), arg("word"), arg("pos"),
           arg("types"), arg("weight"), arg("bias"), arg("eps"));
   cpu.def("add_layernorm", &add_layernorm, release_gil(),
-          "LayerNorm((x + bias) + residual) over the last dim", arg("x"), arg("residual"),
-          arg("bias"), arg("weight"), arg("ln_bias"), arg("eps"));
+          "LayerNorm((x + bias) + residual) over the last dim, into out (optional: x, "
+          "residual or a tensor of x's shape not overlapping them)",
+          arg("x"), arg("residual"), arg("bias"), arg("weight"), arg("ln_bias"), arg("eps"),
+          arg("out") = py::none());
   cpu.def("bias_act", &bias_act, release_gil(),
           "act(x + bias) over the last dim (gelu, gelu_tanh, relu); inplace writes into x",
           arg("x"), arg("bias"), arg("activation"), arg("inplace"));

@@ -50,9 +50,12 @@ def embed_layernorm(*args):
     return _kernels.embed_layernorm(*embed_operands(*operands), float(eps))
 
 
-def add_layernorm(x, residual, bias, weight, ln_bias, eps):
+def add_layernorm(x, residual, bias, weight, ln_bias, eps, *, out=None):
+    """The ``add_layernorm`` op; ``out`` (cpu backend only, for the model's fast path):
+    a contiguous tensor of ``x``'s shape and dtype to write into, ``x`` or
+    ``residual`` themselves or one overlapping neither (ValueError otherwise)."""
     return _kernels.add_layernorm(
-        *add_layernorm_operands(x, residual, bias, weight, ln_bias), float(eps)
+        *add_layernorm_operands(x, residual, bias, weight, ln_bias), float(eps), out
     )
 
 

@@ -209,6 +209,86 @@ def onednn_rows(rows: int) -> int:
     return -(-rows // step) * step
 
 
+#: Most rows (as a fraction of the real ones) an encoder adds to its token rows so
+#: that its fp32 GEMMs run on oneDNN at a size of ``onednn_rows`` (see ``layer_rows``).
+LAYER_PAD_FRACTION = 0.10
+
+
+def layer_rows(rows: int, weights) -> int:
+    """The row count an encoder should run its token-wise ops at when its GEMMs
+    multiply by ``weights`` (one layer's, all the same form): ``rows``, or
+    ``onednn_rows(rows)`` when every weight is held by oneDNN and the extra rows pay.
+
+    A token count between oneDNN's sizes (a ragged batch: 4036 tokens) otherwise runs
+    every fp32 GEMM on the C++ GEMM over oneDNN's panels, 10-20% slower than oneDNN at
+    thousands of rows, and every bf16 GEMM pads its input with a copy. Padding the
+    activations once per forward (zero rows, a sequence of their own for attention)
+    costs the extra rows only. Measured on the Intel Xeon dev VM, 1 thread, the four
+    GEMMs of a layer, ms: BERT-base 4036 rows 409 on the C++ GEMM vs 370 on oneDNN at
+    4096, 2000 -> 2048: 214 vs 184, 3700 -> 4096 (+11%): 381 vs 384; MiniLM 4036:
+    113 vs 90, 3700: 102 vs 88. So fp32 pads up to ``LAYER_PAD_FRACTION`` more rows,
+    bf16 (padded at every call otherwise) whenever a size differs."""
+    if rows <= SMALL_ROWS:
+        return rows
+    padded = onednn_rows(rows)
+    if padded == rows:
+        return rows
+    weights = list(weights)
+    if not weights or not all(isinstance(w, PackedWeight) and w._packed.is_mkldnn for w in weights):
+        return rows
+    if all(w._panels is None for w in weights):  # each call would pad anyway
+        return padded
+    return padded if padded - rows <= LAYER_PAD_FRACTION * rows else rows
+
+
+#: Largest activation a layer allocates afresh at each call: glibc's malloc serves
+#: larger blocks with a new mmap (its threshold stops growing at 32 MiB on 64-bit),
+#: so every one is page-faulted in again, 4 KiB at a time.
+FRESH_BYTES_MAX = 32 << 20
+
+
+def row_blocks(rows: int, width: int, element_size: int, unit: int = 1) -> list[tuple[int, int]]:
+    """Row ranges ``[begin, end)`` to run a token-wise block whose widest activation is
+    ``rows x width`` in: ``[(0, rows)]``, or blocks of a power of two times ``unit``
+    rows (whole sequences of ``unit`` tokens, for attention) whose activation stays
+    under ``FRESH_BYTES_MAX``, each block a row count oneDNN is given
+    (``onednn_rows``; else one range).
+
+    Why: BERT-base's QKV output (38 MB) and FFN intermediate (50 MB) at 4096 tokens
+    are above what glibc reuses; allocated afresh at each layer they are page-faulted
+    in again (measured on the Intel Xeon dev VM, BERT-base 1 thread, forward CPU
+    time: 32x128 179k page faults, 5068 ms; in row blocks 0, 4721 ms; 64x256 1.78M
+    -> 25k, 22107 -> 19273 ms)."""
+    per_unit = max(width * element_size * unit, 1)
+    if unit < 1 or rows * width * element_size <= FRESH_BYTES_MAX or per_unit > FRESH_BYTES_MAX:
+        return [(0, rows)]
+    block = unit << ((FRESH_BYTES_MAX // per_unit).bit_length() - 1)
+    if block <= SMALL_ROWS or onednn_rows(block) != block:
+        return [(0, rows)]
+    return [(r, min(r + block, rows)) for r in range(0, rows, block)]
+
+
+def layer_blocks(tokens: int, weights, element_size: int, seqlen: int | None = None):
+    """How an encoder runs its layers on ``tokens`` packed tokens with GEMM weights
+    ``weights`` (one layer's QKV, attention output, FFN in, FFN out): ``(rows,
+    attention_blocks, ffn_blocks)``. ``rows`` (``layer_rows``) is the row count to pad
+    the tokens to (zero rows, one sequence of their own); ``ffn_blocks`` are row
+    ranges ``(begin, end)`` for the FFN and ``attention_blocks`` ``(begin, end,
+    sequences)`` for QKV + attention + output projection (``row_blocks``), where
+    ``sequences`` is the number of whole sequences in the block, None: all of them.
+    Attention is split only when every sequence is ``seqlen`` tokens (a batch
+    without padding) and no rows were added."""
+    weights = list(weights)
+    rows = layer_rows(tokens, weights)
+    ffn = row_blocks(rows, weights[2].shape[0], element_size)
+    attention = [(0, rows, None)]
+    if seqlen and rows == tokens and tokens % seqlen == 0:
+        blocks = row_blocks(rows, weights[0].shape[0], element_size, seqlen)
+        if len(blocks) > 1:
+            attention = [(b, e, (e - b) // seqlen) for b, e in blocks]
+    return rows, attention, ffn
+
+
 #: oneDNN's fp32 inner-product weight layout on AVX-512: [N / 64][K][64] (``Ab64a``),
 #: i.e. the C++ GEMM's panels 64 wide. Checked on each weight at load (see
 #: ``PackedWeight.of``); another layout just runs oneDNN at every row count.

@@ -271,3 +271,158 @@ def test_loaded_bf16_model_runs_on_onednn(minilm_like, monkeypatch):
     assert cos.min().item() >= 0.999
     plain = sum(p.numel() * 2 for p in hf.state_dict().values() if p.is_floating_point())
     assert model.weight_nbytes() <= 1.01 * plain + 1024
+
+
+def test_layer_rows_pads_only_weights_onednn_holds():
+    """An encoder pads its token rows up to a oneDNN row size only when all its GEMM
+    weights are held by oneDNN: fp32 (whose other counts run the C++ GEMM) when at
+    most LAYER_PAD_FRACTION more rows, bf16 (padded at each call otherwise) always;
+    never at or below SMALL_ROWS, never for own panels or plain weights."""
+    w = torch.randn(128, 64)
+    own = cpu_weights.PackedWeight.of(w, "own")
+    for m in range(5000):
+        assert cpu_weights.layer_rows(m, [own]) == m
+        assert cpu_weights.layer_rows(m, [w]) == m
+    if not cpu_weights.ONEDNN:
+        return
+    forms = [(cpu_weights.PackedWeight.of(w, "onednn"), cpu_weights.LAYER_PAD_FRACTION)]
+    if ONEDNN_BF16:
+        forms.append((cpu_weights.PackedWeight.of(w.bfloat16(), "onednn"), 1.0))
+    for pw, fraction in forms:
+        if pw.dtype == torch.float32 and pw._panels is None:
+            fraction = 1.0  # oneDNN's layout is not panels here: every call pads
+        padded_some = False
+        for m in range(5000):
+            size = cpu_weights.onednn_rows(m)
+            want = size if m > cpu_weights.SMALL_ROWS and size - m <= fraction * m else m
+            assert cpu_weights.layer_rows(m, [pw]) == want, (pw.dtype, m)
+            assert cpu_weights.layer_rows(m, [pw, own]) == m  # one weight not oneDNN's
+            padded_some |= want != m
+        assert padded_some
+
+
+@pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
+@pytest.mark.parametrize(
+    "lengths", [(40, 33, 1, 29, 20), (40, 16, 11, 10)], ids=["123to128", "77to80"]
+)
+def test_loaded_model_pads_ragged_tokens_to_a_onednn_size(lengths, minilm_like, monkeypatch):
+    """A ragged batch whose token count lies between oneDNN's sizes runs its layers on
+    zero rows up to the size (cpu_weights.layer_rows): same answer as transformers,
+    hidden states of the real tokens only, zeros at padded positions."""
+    from ..models import make_batch
+
+    hf, folder = minilm_like
+    monkeypatch.setattr(cpu_weights, "ROUTE", "onednn")
+    model = bertfast.from_pretrained(folder, backend="cpu")
+    seen = []
+    layer_rows = cpu_weights.layer_rows
+
+    def spy(rows, weights):
+        seen.append((rows, layer_rows(rows, weights)))
+        return seen[-1][1]
+
+    monkeypatch.setattr(cpu_weights, "layer_rows", spy)
+    batch = make_batch("bert", lengths=lengths)
+    with torch.no_grad():
+        ref = hf(**batch, output_hidden_states=True)
+    out = model(**batch, output_hidden_states=True)
+    tokens = sum(lengths)
+    assert seen == [(tokens, cpu_weights.onednn_rows(tokens))] and seen[0][1] > tokens
+    mask = batch["attention_mask"].bool()
+    assert len(out.hidden_states) == len(ref.hidden_states)
+    for got, want in zip(out.hidden_states, ref.hidden_states):
+        assert got.shape == want.shape
+        assert (got[mask] - want[mask]).abs().max().item() <= 1e-4
+        assert (got[~mask] == 0).all()
+    assert (out.last_hidden_state[mask] - ref.last_hidden_state[mask]).abs().max() <= 1e-4
+
+
+def test_row_blocks_cover_rows_in_onednn_sizes():
+    """Row blocks cover every row once, in order; split only when the activation is
+    over FRESH_BYTES_MAX, into blocks under it, each a oneDNN row size made of whole
+    ``unit``-row sequences."""
+    limit = cpu_weights.FRESH_BYTES_MAX
+    cases = [(4096, 3072, 1), (4096, 2304, 128), (16384, 2304, 256), (5000, 3072, 1)]
+    cases += [(4096, 768, 1), (4096, 2304, 100), (300, 9, 1)]
+    for rows, width, unit in cases:
+        blocks = cpu_weights.row_blocks(rows, width, 4, unit)
+        assert blocks[0][0] == 0 and blocks[-1][1] == rows
+        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+        if rows * width * 4 <= limit:
+            assert blocks == [(0, rows)]
+        if len(blocks) > 1:
+            size = blocks[0][1]
+            assert size * width * 4 <= limit and size % unit == 0
+            assert cpu_weights.onednn_rows(size) == size > cpu_weights.SMALL_ROWS
+    assert len(cpu_weights.row_blocks(4096, 3072, 4)) == 2  # BERT-base's FFN at 4096 rows
+
+
+@pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
+@pytest.mark.parametrize(
+    "lengths", [(40,) * 8, (40, 33, 1, 29, 20, 40, 38, 30, 39)], ids=["dense8x40", "ragged270to288"]
+)
+def test_loaded_model_in_row_blocks_matches_transformers(lengths, minilm_like, monkeypatch):
+    """With a small FRESH_BYTES_MAX the layers run attention in blocks of whole
+    sequences (a batch without padding) and the FFN in row blocks: same answer as
+    transformers, hidden states included."""
+    from ..models import make_batch
+
+    hf, folder = minilm_like
+    monkeypatch.setattr(cpu_weights, "ROUTE", "onednn")
+    monkeypatch.setattr(cpu_weights, "FRESH_BYTES_MAX", 128 * 512 * 4)
+    model = bertfast.from_pretrained(folder, backend="cpu")
+    seen = []
+    layer_blocks = cpu_weights.layer_blocks
+
+    def spy(*args):
+        seen.append(layer_blocks(*args))
+        return seen[-1]
+
+    monkeypatch.setattr(cpu_weights, "layer_blocks", spy)
+    batch = make_batch("bert", lengths=lengths)
+    with torch.no_grad():
+        ref = hf(**batch, output_hidden_states=True)
+    out = model(**batch, output_hidden_states=True)
+    ((rows, attention, ffn),) = seen
+    assert len(ffn) > 1
+    assert len(attention) == (2 if len(set(lengths)) == 1 else 1)
+    mask = batch["attention_mask"].bool()
+    for got, want in zip(out.hidden_states, ref.hidden_states, strict=True):
+        assert (got[mask] - want[mask]).abs().max().item() <= 1e-4
+        assert (got[~mask] == 0).all()
+
+
+@pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
+@pytest.mark.parametrize(
+    "lengths", [(40,) * 8, (40, 33, 1, 29, 20, 40, 38, 30, 39)], ids=["dense8x40", "ragged270"]
+)
+def test_nan_stays_in_its_sequence_through_padding_and_blocks(lengths, minilm_like, monkeypatch):
+    """A NaN embedding row (one token of row 1) poisons its own sequence only, as in
+    transformers: the zero rows added up to a oneDNN size and the row blocks never
+    mix rows across sequences."""
+    from ..models import make_batch
+
+    hf, folder = minilm_like
+    monkeypatch.setattr(cpu_weights, "ROUTE", "onednn")
+    monkeypatch.setattr(cpu_weights, "FRESH_BYTES_MAX", 128 * 512 * 4)
+    model = bertfast.from_pretrained(folder, backend="cpu")
+    batch = make_batch("bert", lengths=lengths)
+    token = int(batch["input_ids"][1, 0])
+    batch["input_ids"][batch["input_ids"] == token] = 1  # only row 1 holds the token
+    batch["input_ids"][1, 0] = token
+    table = hf.get_input_embeddings().weight
+    saved = table[token].detach().clone()
+    with torch.no_grad():
+        model.embeddings.word.data[token] = float("nan")
+        table[token] = float("nan")
+        try:
+            ref = hf(**batch).last_hidden_state
+        finally:
+            table[token] = saved  # the transformers model is shared by this module's tests
+    out = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].bool()
+    assert torch.equal(out[mask].isnan(), ref[mask].isnan())
+    assert out[1, : lengths[1]].isnan().all()
+    keep = mask.clone()
+    keep[1] = False
+    assert (out[keep] - ref[keep]).abs().max().item() <= 1e-4

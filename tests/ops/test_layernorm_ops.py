@@ -100,3 +100,37 @@ def test_embed_layernorm_empty(backend):
     args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
     out = run_backend("embed_layernorm", backend, args)
     assert out.shape == (0, 96)
+
+
+def test_cpu_add_layernorm_into_out():
+    """The cpu kernel's ``out`` (the model's row blocks write the next hidden state in
+    place): the same values as without it (torch's LayerNorm in float64 as the gold),
+    written into ``out``, ``x`` or ``residual`` themselves; a tensor partly
+    overlapping them or of another shape is a ValueError."""
+    from bertfast.ops import cpu
+    from bertfast.ops.dispatch import get_backend
+
+    if get_backend("cpu").unavailable("cpu") is not None:
+        pytest.skip("bertfast._C CPU kernels are not built")
+    g = torch.Generator().manual_seed(0)
+    x, residual = torch.randn(2, 6, 96, generator=g).unbind(0)
+    bias, weight, ln_bias = torch.randn(3, 96, generator=g).unbind(0)
+    gold = torch.nn.functional.layer_norm(
+        (x.double() + bias.double()) + residual.double(), (96,), weight.double(), ln_bias.double()
+    )
+    plain = cpu.add_layernorm(x, residual, bias, weight, ln_bias, 1e-5)
+    assert (plain.double() - gold).abs().max() < 1e-5
+    big = torch.zeros(10, 96)
+    got = cpu.add_layernorm(x, residual, bias, weight, ln_bias, 1e-5, out=big[2:8])
+    assert got.data_ptr() == big[2:8].data_ptr() and torch.equal(big[2:8], plain)
+    assert (big[:2] == 0).all() and (big[8:] == 0).all()
+    for target in ("x", "residual"):
+        a, r = x.clone(), residual.clone()
+        out = a if target == "x" else r
+        cpu.add_layernorm(a, r, bias, weight, ln_bias, 1e-5, out=out)
+        assert torch.equal(out, plain), target
+    both = torch.cat([x, residual])
+    with pytest.raises(ValueError, match="overlaps"):
+        cpu.add_layernorm(both[:6], residual, bias, weight, ln_bias, 1e-5, out=both[3:9])
+    with pytest.raises(ValueError, match="shape"):
+        cpu.add_layernorm(x, residual, bias, weight, ln_bias, 1e-5, out=torch.empty(5, 96))
