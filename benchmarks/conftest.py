@@ -269,8 +269,9 @@ def interleave(
     """Time ``calls`` (name -> synchronized call) round-robin: round r runs every call
     once in an order rotated by r, until ``budget_s x len(calls)`` seconds are spent
     (at least 5 rounds, 3 when one round takes over 3 s; 1 in smoke runs). A call named
-    in ``self_timed`` times itself and returns its seconds (a provider in its worker
-    process: the pipe round trip stays out of its time)."""
+    in ``self_timed`` times itself and returns its seconds, or a list of them (a provider
+    in its worker process: the pipe round trip stays out of its time; ``one`` then holds
+    its whole round's seconds)."""
     import time
 
     from bertfast.bench import rounds_for
@@ -289,7 +290,8 @@ def interleave(
         k = r % len(order)
         for n in order[k:] + order[:k]:
             if n in self_timed:
-                times[n].append(float(calls[n]()))
+                got = calls[n]()
+                times[n] += [float(t) for t in got] if isinstance(got, list) else [float(got)]
                 continue
             t0 = time.perf_counter()
             calls[n]()

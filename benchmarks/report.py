@@ -556,6 +556,14 @@ def build(rows, machine) -> str:
             + " (process: each provider loaded and timed in a worker process of its own, "
             "the rounds alternating between them)"
         )
+        settles = sorted({r["settle_s"] for r in e2e if r.get("settle_s") is not None})
+        if settles:
+            parts.append(
+                "- settle: "
+                + ", ".join(f"{x * 1e3:.0f} ms" for x in settles)
+                + " of untimed calls per provider before its timed block in every round "
+                "(rounds rotate the provider order)"
+            )
         hints = sorted(
             {
                 (r.get("provider_info") or {}).get("hint")

@@ -62,6 +62,7 @@ from bertfast.bench import (
     parity_error,
     synchronize,
 )
+from bertfast.bench.timing import SETTLE_S, block_size
 
 REFERENCE = "transformers-eager"
 GEMM = "__gemm_ceiling__"
@@ -113,10 +114,12 @@ def measure_workload(bench, timing, model, w, provs) -> dict:
         errs = {n: parity_error(o, ref, mask) for n, o in outs.items()}
         del ref
     outs.clear()
-    # Each call times itself (in its worker process, the pipe round trip left out), and
-    # runs twice keeping the second: the first absorbs the previous provider's thread
-    # pool still spinning on the cores (see bertfast/bench/cli.py).
-    calls = {n: (lambda r=r: r.timed(2)[1]) for n, r in runs.items()}
+    # Each provider times itself (in its worker process, the pipe round trip left out):
+    # SETTLE_S of untimed calls, then a block of timed ones; a runtime's first calls
+    # after another process ran are up to 2x slower (bertfast.bench.timing.SETTLE_S).
+    blocks = {n: block_size(one[n]) for n in runs}
+    calls = {n: (lambda r=r, b=blocks[n]: r.timed(b, settle_s=SETTLE_S)) for n, r in runs.items()}
+    one = {n: max(SETTLE_S, one[n]) + blocks[n] * one[n] for n in runs}  # per round
     self_timed = frozenset(calls)
     probe = gemm_ceiling(s.device, s.dtype, n=64 if s.smoke else 512, budget_s=0.05)
     load_avg = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -212,6 +215,7 @@ def test_e2e(benchmark, bench, timing, e2e_case):
             "is_baseline": provider.is_baseline,
             "int8": provider.int8,
             "timing": "interleaved",
+            "settle_s": SETTLE_S,
             "isolation": s.isolation,
             "cpu": bench.cpu if not s.gpu else None,
             "device": bench.device_name,

@@ -21,7 +21,16 @@ from .isolated import ISOLATION_MODES, open_runner
 from .parity import parity_error
 from .providers import builtin_providers, provider_by_name
 from .report import FOOTNOTE, format_memory, format_table, write_json
-from .timing import Stats, checkpoint_bytes, cpu_info, device_name, gemm_ceiling, rounds_for
+from .timing import (
+    SETTLE_S,
+    Stats,
+    block_size,
+    checkpoint_bytes,
+    cpu_info,
+    device_name,
+    gemm_ceiling,
+    rounds_for,
+)
 from .workload import ModelDims, encoder_flops, make_batch, parse_shape
 
 __all__ = ["main", "build_parser"]
@@ -167,7 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if cpu:
         print(f"# CPU: {cpu['model']}; flags: {' '.join(cpu['flags'] or []) or 'unknown'}")
-    print(f"# isolation: {args.isolation}")
+    print(
+        f"# isolation: {args.isolation}; rounds rotate the provider order, each provider "
+        f"settles {SETTLE_S * 1e3:.0f} ms of untimed calls before its timed block"
+    )
 
     runners = {}
     try:
@@ -206,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "ceiling_gflops": ceiling,
                 "cpu": cpu,
                 "isolation": args.isolation,
+                "settle_s": SETTLE_S,
                 "parity_ref": parity_ref,
                 "checkpoint_bytes": ckpt,
                 "memory": memory,
@@ -217,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _measure(runners, shapes, dims, vocab, args, ceiling, dtype) -> tuple[list[dict], str]:
     """Every shape: two warm calls per provider (parity on the first), then rounds
-    alternating between the providers (one call each, order rotated every round)."""
+    alternating between the providers (order rotated every round), each provider
+    settling ``SETTLE_S`` of untimed calls before its block of timed ones."""
     fp32 = [n for n, (pr, _) in runners.items() if not pr.is_bertfast and not pr.int8]
     ref_name = "transformers-eager"
     reference = None  # transformers eager, loaded here when it is not among the providers
@@ -251,16 +265,17 @@ def _measure(runners, shapes, dims, vocab, args, ceiling, dtype) -> tuple[list[d
         errs = {n: parity_error(o, ref, mask) for n, o in outs.items()}
         outs.clear()
         names = list(one)
-        # Each round runs a provider twice and keeps the second call: the first takes
-        # the tail of the previous provider's thread pool still spinning on the cores
-        # (measured on 2 cores: 1x16 took ~1.5x longer with workers alternating call by
-        # call than with one worker alone).
-        rounds = rounds_for(2 * sum(one.values()), args.seconds * len(names), min_rounds=3)
+        # Each round gives every provider (order rotated) SETTLE_S of untimed calls,
+        # then a block of timed ones: a runtime's first calls after another process ran
+        # are up to 2x slower, whoever it is (bertfast.bench.timing.SETTLE_S).
+        block = {n: block_size(one[n]) for n in names}
+        per_round = sum(max(SETTLE_S, one[n]) + block[n] * one[n] for n in names)
+        rounds = rounds_for(per_round, args.seconds * len(names), min_rounds=3)
         times: dict[str, list[float]] = {n: [] for n in names}
         for k in range(rounds):
             j = k % len(names)
             for n in names[j:] + names[:j]:
-                times[n] += runners[n][1].timed(2)[1:]
+                times[n] += runners[n][1].timed(block[n], settle_s=SETTLE_S)
         medians = {n: Stats(t).median for n, t in times.items()}
         for n in names:
             pr = runners[n][0]

@@ -7,7 +7,9 @@ ONNX Runtime, OpenVINO and CTranslate2 loaded beside them). So each provider get
 count) and then, on request, runs a batch for parity, times calls of it, or measures
 its peak memory. The parent keeps the order of the rounds (alternating between
 providers, one at a time, the others asleep on their pipe), so load spikes still hit
-every provider alike.
+every provider alike. Each round starts with untimed calls for ``settle_s`` seconds
+(:data:`~bertfast.bench.timing.SETTLE_S`): a runtime whose process was idle while
+another ran is up to 2x slower for its next 20-30 ms, whoever it is.
 
 :class:`LocalRunner` offers the same methods for a provider run in the calling process
 (``isolation="inline"``). :func:`open_runner` picks one.
@@ -29,7 +31,7 @@ from collections.abc import Callable
 
 import torch
 
-from .timing import peak_memory, resident_bytes, synchronize
+from .timing import peak_memory, resident_bytes, settle, synchronize
 from .workload import Batch
 
 __all__ = ["Worker", "LocalRunner", "open_runner", "ISOLATION_MODES"]
@@ -65,8 +67,11 @@ class LocalRunner:
         synchronize(self.device)
         return out, time.perf_counter() - t0
 
-    def timed(self, n: int = 1) -> list[float]:
-        """``n`` timed calls on the prepared batch, synchronized around each."""
+    def timed(self, n: int = 1, settle_s: float = 0.0) -> list[float]:
+        """``n`` timed calls on the prepared batch, synchronized around each; with
+        ``settle_s`` > 0, after untimed calls for that long (at least one)."""
+        if settle_s > 0:
+            settle(lambda: self.run(self._batch), self.device, settle_s)
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
@@ -159,8 +164,8 @@ class Worker:
     def prepare(self, batch: Batch) -> tuple[torch.Tensor, float]:
         return self._call("prepare", batch)
 
-    def timed(self, n: int = 1) -> list[float]:
-        return self._call("timed", n)
+    def timed(self, n: int = 1, settle_s: float = 0.0) -> list[float]:
+        return self._call("timed", n, settle_s)
 
     def peak(self) -> int | None:
         return self._call("peak")
@@ -238,7 +243,7 @@ def _serve(read_fd: str, write_fd: str) -> None:
     handlers.update(
         load=load,
         prepare=prepare,
-        timed=lambda n: runner.timed(n),
+        timed=lambda n, settle_s=0.0: runner.timed(n, settle_s),
         peak=lambda: runner.peak(),
         memory=lambda: runner.memory(),
     )

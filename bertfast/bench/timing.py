@@ -18,6 +18,9 @@ __all__ = [
     "synchronize",
     "measure",
     "rounds_for",
+    "SETTLE_S",
+    "settle",
+    "block_size",
     "peak_memory",
     "resident_bytes",
     "checkpoint_bytes",
@@ -84,6 +87,38 @@ def rounds_for(
     if seconds_per_call <= 0:
         return max_rounds
     return int(min(max(budget_s / seconds_per_call, min_rounds), max_rounds))
+
+
+#: Seconds of untimed calls a provider runs before its timed calls in each round of an
+#: interleaved benchmark. Measured on a 2-core Xeon VM (MiniLM 1x16, ~3 ms a call):
+#: after its process has been idle for >= 20 ms, or after another runtime's process
+#: ran, every runtime's calls are up to 2x slower and settle back over 20-30 ms
+#: (bertfast 6.2 -> 2.9 ms, OpenVINO 6.1 -> 2.3, ONNX Runtime 4.9 -> 3.3 over 8
+#: calls), with no other process using the cores meanwhile (idle workers spend no CPU
+#: time). One warm call, as before, left bertfast 1.9x and OpenVINO 1.7x above their
+#: times alone. Every provider gets the same settle time, so each is timed in the
+#: steady state a user serving requests back to back sees.
+SETTLE_S = 0.05
+
+
+def settle(fn: Callable[[], object], device="cpu", settle_s: float = SETTLE_S) -> int:
+    """Run ``fn`` untimed (synchronized) until ``settle_s`` seconds have passed, at
+    least once; return the number of calls."""
+    calls = 0
+    start = time.perf_counter()
+    while calls == 0 or time.perf_counter() - start < settle_s:
+        fn()
+        synchronize(device)
+        calls += 1
+    return calls
+
+
+def block_size(seconds_per_call: float, settle_s: float = SETTLE_S, max_calls: int = 16) -> int:
+    """Timed calls per round after a settle: about ``settle_s`` worth (at least one), so
+    the settle time is not most of the round."""
+    if seconds_per_call <= 0:
+        return max_calls
+    return int(min(max(settle_s / seconds_per_call, 1), max_calls))
 
 
 def _proc_status_kb(key: str) -> int:

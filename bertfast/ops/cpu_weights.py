@@ -19,10 +19,12 @@ Measured on the Intel Xeon (AMX) dev VM, 2 threads, ms per call (M x K x N):
 above, and a weight is kept in one form only (memory, below). oneDNN's fp32 weight
 layout on AVX-512 is the own kernel's panels, 64 wide (``[N / 64][K][64]``), so
 ``auto`` keeps the oneDNN form and runs up to ``SMALL_ROWS`` rows on the own kernel
-reading that buffer in place (the layout is checked bit for bit per weight at load;
-elsewhere oneDNN runs every row count: never behind ``F.linear``, the same vendor
-GEMM without its per-call weight reorder). ``benchmarks/test_bench_kernels.py``
-times every model shape on the chosen route against ``F.linear``.
+reading that buffer in place, for weights under ``SMALL_ROWS_MAX_BYTES`` (a larger
+one streams faster through oneDNN at any row count; the layout is checked bit for
+bit per weight at load; elsewhere oneDNN runs every row count: never behind
+``F.linear``, the same vendor GEMM without its per-call weight reorder).
+``benchmarks/test_bench_kernels.py`` times every model shape on the chosen route
+against ``F.linear``.
 
 There is no cache of packed copies (a cache keyed on a tensor's identity and
 version counter misses writes through ``.data``, through views under ``no_grad``
@@ -168,10 +170,13 @@ def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
     None for torch's. Never cached: a plain weight is read at every call."""
     if isinstance(weight, PackedWeight):
         if weight._panels is not None and (
-            rows <= SMALL_ROWS or not weight._packed.is_mkldnn or onednn_rows(rows) != rows
+            not weight._packed.is_mkldnn
+            or (rows <= SMALL_ROWS and weight._panels.nbytes < SMALL_ROWS_MAX_BYTES)
+            or (rows > SMALL_ROWS and onednn_rows(rows) != rows)
         ):
-            # the C++ GEMM (on oneDNN's buffer): few rows, or a row count oneDNN is
-            # not given (see ``onednn_rows``)
+            # the C++ GEMM (on oneDNN's buffer): few rows on a weight under
+            # SMALL_ROWS_MAX_BYTES, or a row count oneDNN is not given (see
+            # ``onednn_rows``); few rows on a larger weight: oneDNN, padded to a size
             return weight._panels
         return weight._packed
     if (
@@ -185,14 +190,26 @@ def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
 
 
 #: Rows up to which a weight oneDNN holds in 64-wide panels runs on the C++ GEMM
-#: (it reads those panels in place: no second copy). Below ~128 rows the C++ GEMM
-#: is ahead of oneDNN (16x384x1152: 0.056 vs 0.077 ms), above it behind.
+#: (it reads those panels in place: no second copy), if the weight is under
+#: ``SMALL_ROWS_MAX_BYTES``. Below ~128 rows the C++ GEMM is ahead of oneDNN on a
+#: weight in cache (16x384x1152: 0.056 vs 0.077 ms), above it behind.
 SMALL_ROWS = 64
+
+#: Weights of at least this many bytes run few rows on oneDNN too (padded to
+#: ``onednn_rows``). In a forward every weight comes from L3 / memory, and there
+#: oneDNN streams a weight larger than a core's L2 faster than the C++ GEMM's 32-wide
+#: half-panel tiles. Measured on the Intel Xeon (AMX) VM, 2 threads, 16 rows, a sweep
+#: over 12 layers of BERT-base weights (340 MB), best ms per GEMM (C++ GEMM / oneDNN):
+#: 768x2304 0.642 / 0.505, 768x768 (2.25 MiB) 0.225 / 0.199, 768x3072 0.841 / 0.628,
+#: 3072x768 1.020 / 0.627; MiniLM (6 layers): 384x1152 (1.7 MiB) 0.151 / 0.178,
+#: 384x384 0.055 / 0.071, but 384x1536 (2.25 MiB) 0.182 / 0.166, 1536x384
+#: 0.201 / 0.175 (the machine shared with other jobs: minima).
+SMALL_ROWS_MAX_BYTES = 2 << 20
 
 
 def onednn_rows(rows: int) -> int:
-    """The row count a oneDNN GEMM of ``rows`` rows runs at: ``rows`` up to
-    ``SMALL_ROWS``, above rounded up to one of four sizes per octave (64, 80, 96,
+    """The row count a oneDNN GEMM of ``rows`` rows runs at: ``rows`` up to 8, above
+    rounded up to one of four sizes per octave (10, 12, 14, 16, 20, ..., 64, 80, 96,
     112, 128, 160, ..., 3072, 3584, 4096, 5120, ...).
 
     Why: oneDNN builds and caches a primitive per input shape, and each one keeps a
@@ -202,9 +219,9 @@ def onednn_rows(rows: int) -> int:
     bounded by the sizes seen (a model keeps about ``rows x sum(N) x 4`` bytes per
     size: MiniLM at 4096 rows, 57 MB). fp32 calls at other row counts run the C++
     GEMM on oneDNN's panels (no padding, ~10-15% slower at thousands of rows); bf16
-    calls are padded with zero rows up to the size (at most 25% more rows)."""
-    if rows <= SMALL_ROWS:
-        return rows
+    calls are padded with zero rows up to the size (at most 25% more rows), and so
+    are fp32 calls of up to ``SMALL_ROWS`` rows on a weight oneDNN runs them for
+    (``SMALL_ROWS_MAX_BYTES``): bandwidth-bound, they cost the same padded."""
     step = 1 << max((rows - 1).bit_length() - 3, 0)
     return -(-rows // step) * step
 

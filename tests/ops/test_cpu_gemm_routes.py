@@ -111,6 +111,7 @@ def test_small_rows_read_onednn_panels_in_place():
     pw = cpu_weights.PackedWeight.of(w, "onednn")
     if pw._panels is None:
         pytest.skip("oneDNN chose a weight layout other than 64-wide panels on this CPU")
+    assert pw._panels.nbytes < cpu_weights.SMALL_ROWS_MAX_BYTES
     panels = cpu_weights.packed_for_call(pw, cpu_weights.SMALL_ROWS)
     assert panels.data_ptr() == torch.ops.mkldnn.data_ptr(pw._packed)
     assert torch.equal(cpu_weights.unpack(panels, 1000, 96, panels.shape[2]), w)
@@ -124,16 +125,37 @@ def test_small_rows_read_onednn_panels_in_place():
 
 def test_onednn_row_sizes_are_few_and_cover_every_count():
     """oneDNN keeps a buffer per row count it sees, so it is given at most four row
-    counts per octave above SMALL_ROWS: each count maps to the smallest such size
-    >= it, less than 25% above it, and a size maps to itself."""
+    counts per octave above 8: each count maps to the smallest such size >= it, less
+    than 25% above it, and a size maps to itself."""
     sizes = {cpu_weights.onednn_rows(m) for m in range(1, 20001)}
-    above = sorted(r for r in sizes if r > cpu_weights.SMALL_ROWS)
-    assert len(above) <= 4 * 9  # 64 .. 32768: nine octaves
+    above = sorted(r for r in sizes if r > 8)
+    assert len(above) <= 4 * 12  # 8 .. 32768: twelve octaves
+    assert len([r for r in sizes if r <= cpu_weights.SMALL_ROWS]) <= 8 + 4 * 3
     for m in range(1, 20001):
         r = cpu_weights.onednn_rows(m)
         assert m <= r < max(m * 1.25, m + 1) and cpu_weights.onednn_rows(r) == r
-        if m <= cpu_weights.SMALL_ROWS:
+        if m <= 8:
             assert r == m
+
+
+@pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
+@pytest.mark.parametrize("m", [1, 5, 9, 16, 17, 33, 64])
+def test_small_rows_on_large_weights_run_onednn(m, monkeypatch):
+    """Few rows on a weight of at least SMALL_ROWS_MAX_BYTES run on oneDNN (padded to
+    ``onednn_rows``), on a smaller one on the C++ GEMM's panels; both equal float64."""
+    monkeypatch.setattr(cpu_weights, "SMALL_ROWS_MAX_BYTES", 128 * 128 * 4)
+    for n, large in ((128, True), (64, False)):
+        x, w, b = _operands(m, 128, n, torch.float32, seed=m + n)
+        pw = cpu_weights.PackedWeight.of(w, "onednn")
+        if pw._panels is None:
+            pytest.skip("oneDNN chose a weight layout other than 64-wide panels on this CPU")
+        route = cpu_weights.packed_for_call(pw, m)
+        assert (route is pw._packed) == large, (m, n)
+        assert route is pw._packed or route.data_ptr() == pw._panels.data_ptr()
+        for act in ACTS:
+            out = _run(x, pw, b, act)
+            assert out.shape == (m, n)
+            _check(out, x, w, b, act, torch.float32, f"rows={m} n={n} {act}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -1,0 +1,80 @@
+"""How the interleaved benchmark rounds run a provider: untimed settle calls, then a
+block of timed ones, in its worker process or inline (no timed assertions: the tests
+count calls)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from bertfast.bench.isolated import LocalRunner, Worker
+from bertfast.bench.providers import Provider
+from bertfast.bench.timing import SETTLE_S, block_size, settle
+from bertfast.bench.workload import make_batch
+
+FP32 = torch.float32
+
+
+class CountingProvider(Provider):
+    """Appends one line to ``log`` per call (readable across processes)."""
+
+    is_bertfast = False
+    is_baseline = False
+
+    def __init__(self, log: str):
+        self.name = "counting"
+        self.log = log
+
+    def load(self, model_path, device, dtype):
+        log = self.log
+
+        def run(batch):
+            with open(log, "a") as f:
+                f.write("call\n")
+            return torch.zeros(batch.input_ids.shape[0], batch.input_ids.shape[1], 4)
+
+        return run
+
+
+def _calls(log) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_settle_runs_until_its_time_is_spent():
+    n = []
+    t0 = time.perf_counter()
+    calls = settle(lambda: n.append(time.sleep(0.002)), settle_s=0.02)
+    assert calls == len(n) >= 2
+    assert time.perf_counter() - t0 >= 0.02
+    assert settle(lambda: n.append(1), settle_s=0.0) == 1  # at least one call
+
+
+@pytest.mark.parametrize(
+    "per_call,expected",
+    [(SETTLE_S / 4, 4), (SETTLE_S * 3, 1), (0.0, 16), (SETTLE_S / 1000, 16)],
+)
+def test_block_size(per_call, expected):
+    assert block_size(per_call) == expected
+
+
+@pytest.mark.parametrize("isolation", ["inline", "process"])
+def test_timed_settles_before_its_block(tmp_path, isolation):
+    log = tmp_path / "calls.log"
+    prov = CountingProvider(str(log))
+    if isolation == "process":
+        runner = Worker(prov, str(tmp_path), "cpu", FP32, threads=1)
+    else:
+        runner = LocalRunner(prov, str(tmp_path), "cpu", FP32)
+    try:
+        runner.prepare(make_batch([3, 5], 100))
+        assert _calls(log) == 2
+        times = runner.timed(3)
+        assert len(times) == 3 and all(t > 0 for t in times)
+        assert _calls(log) == 5  # no settle asked: only the timed calls
+        times = runner.timed(2, settle_s=0.03)
+        assert len(times) == 2
+        assert _calls(log) >= 5 + 1 + 2  # at least one untimed call before the block
+    finally:
+        runner.close()
