@@ -448,3 +448,33 @@ def test_nan_stays_in_its_sequence_through_padding_and_blocks(lengths, minilm_li
     keep = mask.clone()
     keep[1] = False
     assert (out[keep] - ref[keep]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
+@pytest.mark.parametrize("budget,resident", [(1 << 30, True), (1024, False)], ids=["fits", "big"])
+def test_resident_model_runs_few_rows_on_panels(budget, resident, minilm_like, monkeypatch):
+    """A model whose linear weights fit RESIDENT_MODEL_BYTES runs up to RESIDENT_ROWS
+    rows of every weight (large ones too) on the C++ GEMM's panels, a larger model on
+    oneDNN; the handles torch hands out (``detach``) keep the route; outputs equal
+    transformers either way."""
+    from ..models import make_batch
+
+    hf, folder = minilm_like
+    monkeypatch.setattr(cpu_weights, "RESIDENT_MODEL_BYTES", budget)
+    monkeypatch.setattr(cpu_weights, "SMALL_ROWS_MAX_BYTES", 0)  # every weight "large"
+    model = bertfast.from_pretrained(folder, backend="cpu")
+    w = getattr(model.layers, "0")._modules["ffn_in"].weight
+    if w._panels is None:
+        pytest.skip("oneDNN chose a weight layout other than 64-wide panels on this CPU")
+    for handle in (w, w.detach()):
+        for rows in (1, cpu_weights.RESIDENT_ROWS):
+            route = cpu_weights.packed_for_call(handle, rows)
+            on_panels = not route.is_mkldnn and route.data_ptr() == w._panels.data_ptr()
+            assert on_panels == resident and (route is w._packed) != resident
+        assert cpu_weights.packed_for_call(handle, cpu_weights.RESIDENT_ROWS + 1) is w._packed
+    batch = make_batch("bert")
+    with torch.no_grad():
+        ref = hf(**batch).last_hidden_state
+    out = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].bool()
+    assert (out[mask] - ref[mask]).abs().max().item() <= 1e-4
