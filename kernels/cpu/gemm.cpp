@@ -101,6 +101,76 @@ BF_INLINE void gemm_tile(const float* BF_RESTRICT x, const float* BF_RESTRICT pa
   }
 }
 
+// Few rows (M <= kFewRows): one tile is every row x one whole panel of PW = VL * NV
+// columns, and the reduction runs chunk-outer: each KC-deep chunk of the panel (KC x
+// PW floats, 16 KiB at PW = 64) is read from L3 / memory once and then from L1 for
+// every group of MR rows, whose sums wait in `total` between chunks. The panel is read
+// as one sequential stream (the row-block kernel above reads NR of its PW columns per
+// tile, a strided stream, and once per MR rows). Sums are formed exactly as there
+// (per chunk in registers, chunks added into total in order): the same results.
+constexpr int64_t kFewRows = 32;
+
+template <typename V, int VL, int MR, int NV, int ACT>
+BF_INLINE void gemm_tile_few_rows(const float* BF_RESTRICT x, const float* BF_RESTRICT packed,
+                                  const float* BF_RESTRICT bias, float* BF_RESTRICT out, int64_t M,
+                                  int64_t N, int64_t K, int64_t p) {
+  constexpr int PW = VL * NV;
+  const int64_t n0 = p * PW;
+  const float* BF_RESTRICT bp = packed + p * K * PW;
+  const int64_t ncols = N - n0 < PW ? N - n0 : PW;
+  const int64_t groups = (M + MR - 1) / MR;
+  alignas(64) float total[kFewRows + MR][PW];
+  for (int64_t g = 0; g < groups * MR; ++g)
+    for (int j = 0; j < PW; ++j) total[g][j] = 0.0f;
+  for (int64_t k0 = 0; k0 < K; k0 += KC) {
+    const int64_t k1 = k0 + KC < K ? k0 + KC : K;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t i0 = g * MR;
+      const float* a[MR];
+      for (int r = 0; r < MR; ++r) a[r] = x + (i0 + r < M ? i0 + r : M - 1) * K;
+      V acc[MR][NV];
+      for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+      const float* BF_RESTRICT b = bp + k0 * PW;
+      for (int64_t k = k0; k < k1; ++k, b += PW) {
+        V bv[NV];
+        for (int v = 0; v < NV; ++v) bv[v] = load_v<V>(b + v * VL);
+        for (int r = 0; r < MR; ++r) {
+          const float av = a[r][k];
+          for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
+        }
+      }
+      for (int r = 0; r < MR; ++r)
+        for (int v = 0; v < NV; ++v) {
+          V t = load_v<V>(&total[i0 + r][v * VL]) + acc[r][v];
+          std::memcpy(&total[i0 + r][v * VL], &t, sizeof(V));
+        }
+    }
+  }
+  for (int64_t r = 0; r < M; ++r) {
+    const float* tmp = total[r];
+    float* o = out + r * N + n0;
+    for (int64_t j = 0; j < ncols; ++j) {
+      const float y = tmp[j] + bias[n0 + j];
+      o[j] = ACT == kGeluErf    ? gelu_erf(y)
+             : ACT == kGeluTanh ? gelu_tanh(y)
+             : ACT == kRelu     ? relu(y)
+                                : y;
+    }
+  }
+}
+
+template <int ACT>
+__attribute__((target("arch=x86-64-v4"))) __attribute__((noinline)) void tile_few_rows_avx512(
+    const float* x, const float* packed, const float* bias, float* out, int64_t M, int64_t N,
+    int64_t K, int64_t PW, int64_t p) {
+  if (PW == 64) {
+    gemm_tile_few_rows<v16g, 16, 4, 4, ACT>(x, packed, bias, out, M, N, K, p);
+  } else {  // PW == 32
+    gemm_tile_few_rows<v16g, 16, 8, 2, ACT>(x, packed, bias, out, M, N, K, p);
+  }
+}
+
 template <int NR>
 void pack_weight(const float* w, float* packed, int64_t N, int64_t K, int num_threads) {
   const int64_t panels = (N + NR - 1) / NR;
@@ -155,6 +225,15 @@ void gemm_packed(const float* x, const float* pk, const float* bias, float* out,
   if (!bias) {
     zeros.assign(N, 0.0f);
     bias = zeros.data();
+  }
+  if (avx512 && M <= kFewRows && (PW == 32 || PW == 64)) {
+    const int64_t panels = (N + PW - 1) / PW;
+    const int nt = threads_for(M * N * K, 1 << 20, num_threads);
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+    for (int64_t p = 0; p < panels; ++p) tile_few_rows_avx512<ACT>(x, pk, bias, out, M, N, K, PW, p);
+    return;
   }
   const int NR = avx512 ? 32 : 16;
   const int64_t panels = (N + NR - 1) / NR;

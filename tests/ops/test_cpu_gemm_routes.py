@@ -478,3 +478,29 @@ def test_resident_model_runs_few_rows_on_panels(budget, resident, minilm_like, m
     out = model(**batch).last_hidden_state
     mask = batch["attention_mask"].bool()
     assert (out[mask] - ref[mask]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("storage", ["own", "onednn"])
+@pytest.mark.parametrize("act", [None, "gelu"])
+def test_few_row_kernel_equals_row_block_kernel(storage, act, monkeypatch):
+    """Up to 32 rows the C++ GEMM runs whole panels chunk-outer (gemm.cpp
+    ``gemm_tile_few_rows``); its sums are formed as the row-block kernel's, so every
+    row equals, bit for bit, the same row of a 33-row call (the row-block kernel),
+    and float64 within the rule. A NaN row stays in its row."""
+    if storage == "onednn" and not cpu_weights.ONEDNN:
+        pytest.skip("torch has no oneDNN")
+    monkeypatch.setattr(cpu_weights, "SMALL_ROWS_MAX_BYTES", 1 << 30)  # C++ GEMM routes
+    x, w, b = _operands(33, 200, 150, torch.float32, seed=5)
+    pw = cpu_weights.PackedWeight.of(w, storage)
+    if pw._panels is None:
+        pytest.skip("oneDNN chose a weight layout other than 64-wide panels on this CPU")
+    assert not cpu_weights.packed_for_call(pw, 33).is_mkldnn
+    full = _run(x, pw, b, act)
+    for m in (1, 3, 4, 5, 8, 9, 17, 31, 32):
+        out = _run(x[:m], pw, b, act)
+        assert torch.equal(out, full[:m]), (storage, m)
+        _check(out, x[:m], w, b, act, torch.float32, f"few rows {storage} m={m} {act}")
+    xn = x[:6].clone()
+    xn[2, 7] = float("nan")
+    out = _run(xn, pw, b, act)
+    assert out[2].isnan().all() and not out[[0, 1, 3, 4, 5]].isnan().any()
