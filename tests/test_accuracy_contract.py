@@ -154,14 +154,20 @@ def test_contract_failures_reads_the_floors():
 # ---------------------------------------------------------------- the command
 def test_cli_user_errors(tmp_path, capsys):
     from bertfast.cli import main
+    from tests import tiny_embedder
 
     assert main(["accuracy", "--model", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("bertfast accuracy: error:") and "\n" not in err
     assert main(["accuracy", "--threads", "0"]) == 2
     assert "--threads" in capsys.readouterr().err
-    assert main(["accuracy", "--json", str(tmp_path / "no" / "such" / "out.json")]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    # a checkpoint that exists (the default, the packaged MiniLM, may be absent: then
+    # that is the error, before --json is looked at)
+    ckpt = tiny_embedder.make_checkpoint(tmp_path / "tiny")
+    json_path = tmp_path / "no" / "such" / "out.json"
+    assert main(["accuracy", "--model", str(ckpt), "--json", str(json_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--json" in err and "does not exist" in err, err
     with pytest.raises(SystemExit) as exc:
         main(["accuracy", "--quantize", "int4"])
     assert exc.value.code == 2

@@ -43,8 +43,15 @@ def test_benchmark_suite_smoke(tmp_path):
     )
     env.pop("BERTFAST_BENCH_PROFILE", None)
     env.pop("BERTFAST_BENCH_ISOLATION", None)
+    # Under pytest-xdist (this test in a worker, `pytest -n N`) the child would inherit
+    # PYTEST_XDIST_WORKER, and pytest-benchmark disables every benchmark in a process
+    # that has it ("xdist plugin is active"): no rows, an empty or missing JSON. The
+    # child is a plain, serial pytest run (PYTEST_ADDOPTS may hold a -n too).
+    for name in list(env):
+        if name.startswith("PYTEST_XDIST_") or name == "PYTEST_ADDOPTS":
+            del env[name]
     out = tmp_path / "smoke.json"
-    _run(
+    proc = _run(
         [
             sys.executable,
             "-m",
@@ -53,13 +60,21 @@ def test_benchmark_suite_smoke(tmp_path):
             "-q",
             "-p",
             "no:cacheprovider",
+            "-p",
+            "no:xdist",
             f"--benchmark-json={out}",
         ],
         env,
         timeout=400,
     )
 
-    data = json.loads(out.read_text())
+    text = out.read_text() if out.exists() else ""
+    assert text.strip(), (
+        "pytest-benchmark wrote no results (benchmarks disabled or none ran):\n"
+        + proc.stdout[-3000:]
+        + proc.stderr[-2000:]
+    )
+    data = json.loads(text)
     rows = [b["extra_info"] for b in data["benchmarks"]]
     e2e = [r for r in rows if r.get("suite") == "e2e"]
     kernels = [r for r in rows if r.get("suite") == "kernels"]

@@ -191,20 +191,26 @@ def test_more_user_errors_in_process(tmp_path, capsys):
     )
     assert_user_error(main("encode", tmp_path, "--input", texts, "--output", out), "config.json")
     assert_user_error(main("encode", texts, "--input", texts, "--output", out), "not a folder")
-    assert_user_error(main("encode", "--input", texts, "--output", tmp_path / "out.txt"), ".npy")
+    # A checkpoint that exists: the default one's package may be absent (its own
+    # error, test_missing_default_checkpoint_message), and these are about the rest.
+    ckpt = sentence_checkpoint()
     assert_user_error(
-        main("encode", "--input", texts, "--output", tmp_path / "nodir" / "o.npy"), "does not exist"
+        main("encode", ckpt, "--input", texts, "--output", tmp_path / "o.txt"), ".npy"
     )
-    assert_user_error(main("encode", "--input", tmp_path, "--output", out), "folder")
     assert_user_error(
-        main("encode", "--input", texts, "--output", out, "--batch-size", 0), "--batch-size"
+        main("encode", ckpt, "--input", texts, "--output", tmp_path / "nodir" / "o.npy"),
+        "does not exist",
+    )
+    assert_user_error(main("encode", ckpt, "--input", tmp_path, "--output", out), "folder")
+    assert_user_error(
+        main("encode", ckpt, "--input", texts, "--output", out, "--batch-size", 0), "--batch-size"
     )
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\xfa not utf-8")
-    assert_user_error(main("encode", "--input", tmp_path / "bad.txt", "--output", out), "UTF-8")
-    (tmp_path / "empty.txt").write_text("")
     assert_user_error(
-        main("check", sentence_checkpoint(), "--input", tmp_path / "empty.txt"), "empty"
+        main("encode", ckpt, "--input", tmp_path / "bad.txt", "--output", out), "UTF-8"
     )
+    (tmp_path / "empty.txt").write_text("")
+    assert_user_error(main("check", ckpt, "--input", tmp_path / "empty.txt"), "empty")
     assert not out.exists()
 
 

@@ -346,5 +346,7 @@ def test_cuda_forward_synchronizes_once(folders, backend, cuda_graphs):
             model(**batch)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
-    assert len(syncs) == 1, syncs
+    # only the detector's reports: torch >= 2.11 also warns (once per process) that
+    # "Synchronization debug mode is a prototype feature ..." when it is switched on
+    syncs = [str(w.message) for w in caught if "called a synchronizing" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in caught]

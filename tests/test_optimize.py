@@ -14,7 +14,7 @@ import torch
 import bertfast
 from bertfast.dropin import UnsupportedArgument
 
-from .models import FAMILIES, FAMILY_HEADS, build
+from .models import FAMILIES, FAMILY_HEADS, build, sentence_checkpoint
 
 ATOL = 1e-4
 BACKENDS = ["torch", "auto"]
@@ -175,7 +175,9 @@ def test_optimize_follows_dtype_and_moves():
 
 def test_optimize_sentence_transformer_matches():
     st = pytest.importorskip("sentence_transformers")
-    path = str(bertfast.default_checkpoint())
+    # the real all-MiniLM-L6-v2 where its package is installed, else the same
+    # architecture and layout with random weights: the point is bertfast == torch
+    path = str(sentence_checkpoint())
     sentences = [
         "A man is eating food.",
         "bertfast runs BERT encoders on fused kernels.",

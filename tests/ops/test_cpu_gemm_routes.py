@@ -230,10 +230,22 @@ def test_storage_for_each_route(monkeypatch):
         # bf16 on oneDNN only where the CPU has bf16 dot products; else torch's path
         want = "onednn" if cpu_weights.NATIVE_BF16 else None
         assert cpu_weights.storage_for(bf16, "onednn") == want
-    # a weight whose oneDNN form would be padded past MAX_PADDING takes own panels
+    # a weight whose oneDNN form would be padded past MAX_PADDING takes own panels.
+    # The padding is this CPU's oneDNN's choice (64-wide blocks on the AVX-512 VMs pad a
+    # 96-row weight to 128; other layouts may not pad it), asked of oneDNN itself here.
     monkeypatch.setattr(cpu_weights, "ROUTE", "onednn" if cpu_weights.ONEDNN else "own")
-    assert cpu_weights.pack_owned(torch.randn(384, 384)).storage == cpu_weights.storage_for(f32)
-    assert cpu_weights.pack_owned(torch.randn(96, 96)).storage == "own"
+    weights = [torch.randn(n, k) for n, k in ((384, 384), (96, 96), (70, 40))]
+    for w in weights:
+        want = "own"
+        if cpu_weights.ONEDNN:
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+            ratio = torch.ops.mkldnn._nbytes(packed) / (w.numel() * w.element_size())
+            want = "onednn" if ratio <= cpu_weights.MAX_PADDING else "own"
+        assert cpu_weights.pack_owned(w).storage == want, (tuple(w.shape), want)
+    if cpu_weights.ONEDNN:  # both sides of the rule, whatever this CPU's layout
+        for limit, want in ((0.5, "own"), (100.0, "onednn")):
+            monkeypatch.setattr(cpu_weights, "MAX_PADDING", limit)
+            assert [cpu_weights.pack_owned(w).storage for w in weights] == [want] * 3, limit
     assert cpu_weights.pack_owned(torch.randn(4, 0)).storage == "own"
 
 

@@ -185,6 +185,8 @@ def test_attention_nonfinite_scale(backend, scale):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_attention_nonfinite_half_storage(backend, dtype):
     if backend == "triton" and INTERPRETED and dtype == torch.bfloat16:
+        # (the bf16 store it ends with is checked under the interpreter too, in
+        # test_elementwise_nonfinite_half_storage and test_store_cast_special_values)
         pytest.skip("the Triton interpreter computes tl.dot wrongly for bf16 inputs")
     qkv = _inject("nan_k", _qkv()).to(dtype)
     qkv[1, 9, 5] = INF
@@ -303,3 +305,26 @@ def test_embed_layernorm_nonfinite(backend):
     args = (ids, pids, tids, word, pos, types, torch.ones(E), torch.zeros(E), 1e-12)
     out = _run("embed_layernorm", backend, args)
     assert_same_nonfinite(out, _gold("embed_layernorm", args), 1e-5, f"embed_layernorm[{backend}]")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("op", ["bias_gelu", "add_layernorm"])
+def test_elementwise_nonfinite_half_storage(backend, dtype, op):
+    """fp16 / bf16 outputs keep NaN and inf where fp32 ones do (the Triton kernels'
+    bf16 store once turned a GPU's NaN into -0.0: tests/ops/test_triton_backend.py,
+    test_store_cast_special_values)."""
+    x = _row()
+    if op == "bias_gelu":
+        bias = torch.randn(x.shape[1])
+        bias[7] = NAN
+        args, atol = (x, bias, "relu"), 0.5  # outputs up to 100: a bf16 ulp there is 0.5
+    else:
+        residual = torch.randn_like(x)
+        residual[1, 0] = -INF
+        w, b = torch.randn(x.shape[1]), torch.randn(x.shape[1])
+        w[5] = NAN
+        args, atol = (x, residual, torch.randn(x.shape[1]), w, b, 1e-12), 3e-2
+    args = tuple(a.to(dtype) if isinstance(a, torch.Tensor) else a for a in args)
+    out = _run(op, backend, args)
+    assert out.dtype == dtype
+    assert_same_nonfinite(out, _gold(op, args), atol, f"{op}[{backend}, {dtype}]")

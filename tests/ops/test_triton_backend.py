@@ -251,6 +251,40 @@ def test_bias_gelu_in_place(dtype, activation):
     assert torch.equal(base[:, 1::2], keep[:, 1::2])
 
 
+def _f32_from_bits(patterns):
+    signed = [b - (1 << 32) if b >= 1 << 31 else b for b in patterns]
+    return torch.tensor(signed, dtype=torch.int32).view(torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_store_cast_special_values(dtype):
+    """The stores (cast_out) round fp32 as torch's ``.to(dtype)`` does, bit for bit,
+    and keep every NaN a NaN whatever its payload: an NVIDIA GPU's arithmetic NaN is
+    0x7FFFFFFF, whose bf16 rounding carry once gave -0.0 (no NaN in any bf16 output on
+    a GPU), which the interpreter's own NaNs never showed."""
+    from .cast_probe import cast_store
+
+    nans = [0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0xFFC00000, 0x7F800001, 0x7F808000,
+            0x7FBFFFFF, 0xFF80FFFF, 0x7FFF8000]  # fmt: skip
+    others = [
+        0x7F800000, 0xFF800000, 0x00000000, 0x80000000,  # +-inf, +-0
+        0x7F7FFFFF, 0x7F7F7FFF, 0x7F7F8000, 0xFF7F8000,  # largest: to inf or not
+        0x3F808000, 0x3F818000, 0x3F808001, 0x3F807FFF,  # ties to even, either side
+        0x00000001, 0x00008000, 0x00018000, 0x807FFFFF,  # subnormals
+        0x477FF000, 0x477FF001, 0x33000000, 0x33000001,  # fp16: 65520 tie, 2^-25 tie
+    ]  # fmt: skip
+    x = torch.cat([_f32_from_bits(nans + others), 1e3 * torch.randn(500)])
+    out = cast_store(x.to(DEV), dtype).cpu()
+    expect = x.to(dtype)
+    assert torch.isnan(out[: len(nans)]).all(), out[: len(nans)]
+    bits = torch.int16
+    differ = (out[len(nans) :].view(bits) != expect[len(nans) :].view(bits)).nonzero()
+    assert differ.numel() == 0, [
+        (hex(int(x[len(nans) + i].view(torch.int32)) & 0xFFFFFFFF), out[len(nans) + i].item())
+        for i in differ.flatten()[:8].tolist()
+    ]
+
+
 def test_bias_gelu_extremes():
     """Large |x|: tanh GELU must not overflow (-> NaN) and matches torch's limits."""
     x = torch.tensor([[-1e4, -60.0, -10.0, 0.0, 10.0, 60.0, 1e4]], device=DEV)

@@ -88,16 +88,25 @@ def rows_of(t: torch.Tensor) -> int:
 def cast_out(y, DTYPE: tl.constexpr):
     """fp32 block -> storage dtype, rounding to nearest even.
 
-    For bf16 the rounding is done on the bits first (then the cast is exact), because
-    the Triton interpreter casts fp32 -> bf16 by truncation; on a GPU this costs a few
-    integer ops in a memory-bound epilogue and gives the same result as the RTNE cast.
-    NaN stays NaN (the quiet bit survives), overflow rounds to inf as it should.
+    For bf16 the rounding is done on the bits, and the upper half of them is the
+    result, because the Triton interpreter casts fp32 -> bf16 by truncation (and
+    flushes subnormal results to zero); on a GPU this costs a few integer ops in a
+    memory-bound epilogue and gives the same result as the RTNE cast.
+    Overflow rounds to inf as it should. A NaN is not rounded: its quiet bit is set and
+    the low half dropped. Rounding it would carry out of the mantissa for some payloads:
+    the NaN an NVIDIA GPU's fp32 arithmetic produces is 0x7FFFFFFF, which the rounding
+    add turned into -0.0 (NaN dropped from every bf16 output on a GPU; the interpreter's
+    NumPy NaNs, 0x7FC00000 / 0xFFC00000, never carried), and 0x7F808000 into +inf.
     """
     if DTYPE == tl.bfloat16:
         bits = y.to(tl.uint32, bitcast=True)
-        bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        y = ((bits >> 16) << 16).to(tl.float32, bitcast=True)
-    return y.to(DTYPE)
+        # exponent all ones and a nonzero mantissa, on the bits (no float compare)
+        is_nan = (((bits >> 23) & 0xFF) == 0xFF) & ((bits & 0x7FFFFF) != 0)
+        bits = tl.where(is_nan, bits | 0x400000, bits + 0x7FFF + ((bits >> 16) & 1))
+        out = (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        out = y.to(DTYPE)
+    return out
 
 
 @triton.jit

@@ -145,6 +145,9 @@ def _attention_kernel(
             )
             is_k = is_k & (key_mask != 0)
         s = tl.where(is_k[None, :], s, float("-inf"))
+        # On a GPU the max ignores a NaN score (PTX max.f32), under the interpreter
+        # it propagates it (NumPy): either way p is NaN at that key (exp2(NaN - m)),
+        # so l and the row of acc are NaN, as torch's softmax row is.
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no real key yet: no NaN
         alpha = tl.math.exp2(m_i - m_ref)
