@@ -232,7 +232,8 @@ void gemm_packed(const float* x, const float* pk, const float* bias, float* out,
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp parallel for num_threads(nt) schedule(static)
 #endif
-    for (int64_t p = 0; p < panels; ++p) tile_few_rows_avx512<ACT>(x, pk, bias, out, M, N, K, PW, p);
+    for (int64_t p = 0; p < panels; ++p)
+      tile_few_rows_avx512<ACT>(x, pk, bias, out, M, N, K, PW, p);
     return;
   }
   const int NR = avx512 ? 32 : 16;
