@@ -14,6 +14,7 @@ import re
 import shutil
 
 import pytest
+import torch
 
 import bertfast
 
@@ -53,6 +54,12 @@ def test_cuda_built_when_nvcc_present():
     if requested:
         want = [f"sm_{a}" for a in requested.group(1).split(",") if a]
         assert sorted(info["cuda_archs"]) == sorted(want), (status, info["cuda_archs"])
+        if torch.cuda.is_available():
+            # A narrowed build must still run on the GPU at hand: its own arch, or a lower
+            # one whose PTX the driver compiles forward.
+            major, minor = torch.cuda.get_device_capability()
+            built = [int(a[3:]) for a in info["cuda_archs"]]
+            assert min(built) <= 10 * major + minor, (status, (major, minor))
     else:
         assert status == "built", status
         assert "sm_80" in info["cuda_archs"], info["cuda_archs"]
