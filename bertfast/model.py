@@ -259,7 +259,6 @@ class BertfastModel(nn.Module):
                 seen[key] = _cpu_weights.pack_owned(p)
             if seen[key] is not None:
                 _attach(self, name, seen[key])
-        _cpu_weights.mark_resident({id(p): p for _, p in self._packable()}.values())
 
     def _quantize_weights(self) -> None:
         """``quantize="int8"``: replace the encoder layers' linear weights by int8

@@ -19,12 +19,12 @@ Measured on the Intel Xeon (AMX) dev VM, 2 threads, ms per call (M x K x N):
 above, and a weight is kept in one form only (memory, below). oneDNN's fp32 weight
 layout on AVX-512 is the own kernel's panels, 64 wide (``[N / 64][K][64]``), so
 ``auto`` keeps the oneDNN form and runs up to ``SMALL_ROWS`` rows on the own kernel
-reading that buffer in place, for weights under ``SMALL_ROWS_MAX_BYTES`` (a larger
-one streams faster through oneDNN at any row count; the layout is checked bit for
-bit per weight at load; elsewhere oneDNN runs every row count: never behind
-``F.linear``, the same vendor GEMM without its per-call weight reorder).
-``benchmarks/test_bench_kernels.py`` times every model shape on the chosen route
-against ``F.linear``.
+reading that buffer in place (its few-rows kernel prefetches the weight as it
+streams it from memory; the layout is checked bit for bit per weight at load;
+elsewhere oneDNN runs every row count: never behind ``F.linear``, the same vendor
+GEMM without its per-call weight reorder). ``benchmarks/test_bench_kernels.py``
+times every model shape on the chosen route against ``F.linear``,
+``benchmarks/few_rows_stream.py`` a forward's GEMMs in sequence at few rows.
 
 There is no cache of packed copies (a cache keyed on a tensor's identity and
 version counter misses writes through ``.data``, through views under ``no_grad``
@@ -170,15 +170,10 @@ def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
     None for torch's. Never cached: a plain weight is read at every call."""
     if isinstance(weight, PackedWeight):
         if weight._panels is not None and (
-            not weight._packed.is_mkldnn
-            or (rows <= SMALL_ROWS and weight._panels.nbytes < SMALL_ROWS_MAX_BYTES)
-            or rows <= weight._resident_rows
-            or (rows > SMALL_ROWS and onednn_rows(rows) != rows)
+            not weight._packed.is_mkldnn or rows <= SMALL_ROWS or onednn_rows(rows) != rows
         ):
-            # the C++ GEMM (on oneDNN's buffer): few rows on a weight under
-            # SMALL_ROWS_MAX_BYTES or of a cache-resident model (``mark_resident``),
-            # or a row count oneDNN is not given (see ``onednn_rows``); few rows on
-            # a larger weight: oneDNN, padded to a size
+            # the C++ GEMM (on oneDNN's buffer where oneDNN holds it): few rows, or
+            # a row count oneDNN is not given (see ``onednn_rows``)
             return weight._panels
         return weight._packed
     if (
@@ -192,42 +187,14 @@ def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
 
 
 #: Rows up to which a weight oneDNN holds in 64-wide panels runs on the C++ GEMM
-#: (it reads those panels in place: no second copy), if the weight is under
-#: ``SMALL_ROWS_MAX_BYTES``. Below ~128 rows the C++ GEMM is ahead of oneDNN on a
-#: weight in cache (16x384x1152: 0.056 vs 0.077 ms), above it behind.
+#: (it reads those panels in place: no second copy). Up to here the C++ GEMM's
+#: few-rows kernel is ahead of oneDNN on the weights a forward streams from L3 or
+#: memory, at 128 rows behind (kernels/cpu/gemm.cpp, ``gemm_tile_few_rows``; measured
+#: with ``benchmarks/few_rows_stream.py`` on AMD EPYC Zen 4, 2 threads, ms per
+#: forward's GEMMs, C++ / oneDNN: MiniLM 1 row 1.04 / 1.65, 16 rows 1.81 / 2.56, 64
+#: rows 6.53 / 7.25, 128 rows 18.1 / 13.2; BERT-base 1 row 11.0 / 14.4, 16 rows
+#: 13.5 / 17.6, 64 rows 50.0 / 52.9, 128 rows 116 / 103).
 SMALL_ROWS = 64
-
-#: Weights of at least this many bytes run few rows on oneDNN too (padded to
-#: ``onednn_rows``). In a forward every weight comes from L3 / memory, and there
-#: oneDNN streams a weight larger than a core's L2 faster than the C++ GEMM's 32-wide
-#: half-panel tiles. Measured on the Intel Xeon (AMX) VM, 2 threads, 16 rows, a sweep
-#: over 12 layers of BERT-base weights (340 MB), best ms per GEMM (C++ GEMM / oneDNN):
-#: 768x2304 0.642 / 0.505, 768x768 (2.25 MiB) 0.225 / 0.199, 768x3072 0.841 / 0.628,
-#: 3072x768 1.020 / 0.627; MiniLM (6 layers): 384x1152 (1.7 MiB) 0.151 / 0.178,
-#: 384x384 0.055 / 0.071, but 384x1536 (2.25 MiB) 0.182 / 0.166, 1536x384
-#: 0.201 / 0.175 (the machine shared with other jobs: minima).
-SMALL_ROWS_MAX_BYTES = 2 << 20
-
-#: ...unless the whole model's linear weights stay in the last-level cache between
-#: forwards (at most ``RESIDENT_MODEL_BYTES`` in all): then streaming is not the
-#: limit, and up to ``RESIDENT_ROWS`` rows run on the C++ GEMM on every weight.
-#: Measured on the Intel Xeon (AMX) VM, quiet, 2 threads, whole forward, median ms
-#: (C++ GEMM / oneDNN for the weights >= 2 MiB): all-MiniLM-L6-v2 (42 MB of linear
-#: weights) 1x8 1.95 / 2.78, 1x16 2.72 / 3.34, 1x32 4.89 / 5.36, but 1x64 8.75 /
-#: 8.47; BERT-base (340 MB) 1x4 24.0 / 20.3, 1x16 30.8 / 27.5.
-RESIDENT_MODEL_BYTES = 64 << 20
-RESIDENT_ROWS = 32
-
-
-def mark_resident(weights) -> None:
-    """Route few rows of a model's packed weights (its unique
-    :class:`PackedWeight` s, all of them) on the C++ GEMM when together they fit
-    ``RESIDENT_MODEL_BYTES``; called once per load / refresh."""
-    weights = [w for w in weights if isinstance(w, PackedWeight)]
-    total = sum(w.packed_nbytes for w in weights)
-    rows = RESIDENT_ROWS if total <= RESIDENT_MODEL_BYTES else 0
-    for w in weights:
-        w._resident_rows = rows
 
 
 def onednn_rows(rows: int) -> int:
@@ -243,8 +210,7 @@ def onednn_rows(rows: int) -> int:
     size: MiniLM at 4096 rows, 57 MB). fp32 calls at other row counts run the C++
     GEMM on oneDNN's panels (no padding, ~10-15% slower at thousands of rows); bf16
     calls are padded with zero rows up to the size (at most 25% more rows), and so
-    are fp32 calls of up to ``SMALL_ROWS`` rows on a weight oneDNN runs them for
-    (``SMALL_ROWS_MAX_BYTES``): bandwidth-bound, they cost the same padded."""
+    are fp32 calls on a weight without the C++ GEMM's panels (``_panels`` None)."""
     step = 1 << max((rows - 1).bit_length() - 3, 0)
     return -(-rows // step) * step
 
@@ -440,7 +406,6 @@ class PackedWeight(Tensor):
         out._out_features = int(shape[0])
         # own panels: the packed tensor; oneDNN's (nr = 64): a view of its buffer
         out._panels = packed if not packed.is_mkldnn else None
-        out._resident_rows = 0  # see mark_resident
         if packed.is_mkldnn and nr:
             out._panels = _onednn_panels(packed, *shape)
         return out
@@ -497,7 +462,6 @@ class PackedWeight(Tensor):
     def _same(self) -> PackedWeight:
         """Another handle on the same packed weight (``detach``, ``.data``)."""
         out = PackedWeight(self._packed, self.shape, self._nr)
-        out._resident_rows = self._resident_rows
         return out
 
     @classmethod

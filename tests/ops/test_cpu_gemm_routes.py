@@ -111,7 +111,6 @@ def test_small_rows_read_onednn_panels_in_place():
     pw = cpu_weights.PackedWeight.of(w, "onednn")
     if pw._panels is None:
         pytest.skip("oneDNN chose a weight layout other than 64-wide panels on this CPU")
-    assert pw._panels.nbytes < cpu_weights.SMALL_ROWS_MAX_BYTES
     panels = cpu_weights.packed_for_call(pw, cpu_weights.SMALL_ROWS)
     assert panels.data_ptr() == torch.ops.mkldnn.data_ptr(pw._packed)
     assert torch.equal(cpu_weights.unpack(panels, 1000, 96, panels.shape[2]), w)
@@ -139,23 +138,24 @@ def test_onednn_row_sizes_are_few_and_cover_every_count():
 
 
 @pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
-@pytest.mark.parametrize("m", [1, 5, 9, 16, 17, 33, 64])
-def test_small_rows_on_large_weights_run_onednn(m, monkeypatch):
-    """Few rows on a weight of at least SMALL_ROWS_MAX_BYTES run on oneDNN (padded to
-    ``onednn_rows``), on a smaller one on the C++ GEMM's panels; both equal float64."""
-    monkeypatch.setattr(cpu_weights, "SMALL_ROWS_MAX_BYTES", 128 * 128 * 4)
-    for n, large in ((128, True), (64, False)):
-        x, w, b = _operands(m, 128, n, torch.float32, seed=m + n)
+@pytest.mark.parametrize("m", [1, 5, 9, 16, 17, 33, 64, 65, 80])
+def test_few_rows_run_on_panels_of_every_weight(m):
+    """Up to SMALL_ROWS rows every fp32 weight oneDNN holds, large (3 MiB) or small,
+    runs on the C++ GEMM's panels; above, oneDNN at the row counts it is given (80),
+    the panels at others (65). Every route equals float64."""
+    for n, k in ((64, 128), (1024, 768)):
+        x, w, b = _operands(m, k, n, torch.float32, seed=m + n)
         pw = cpu_weights.PackedWeight.of(w, "onednn")
         if pw._panels is None:
             pytest.skip("oneDNN chose a weight layout other than 64-wide panels on this CPU")
         route = cpu_weights.packed_for_call(pw, m)
-        assert (route is pw._packed) == large, (m, n)
+        want_onednn = m > cpu_weights.SMALL_ROWS and cpu_weights.onednn_rows(m) == m
+        assert (route is pw._packed) == want_onednn, (m, n)
         assert route is pw._packed or route.data_ptr() == pw._panels.data_ptr()
         for act in ACTS:
             out = _run(x, pw, b, act)
             assert out.shape == (m, n)
-            _check(out, x, w, b, act, torch.float32, f"rows={m} n={n} {act}")
+            _check(out, x, w, b, act, torch.float32, f"rows={m} {k}x{n} {act}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -463,27 +463,22 @@ def test_nan_stays_in_its_sequence_through_padding_and_blocks(lengths, minilm_li
 
 
 @pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
-@pytest.mark.parametrize("budget,resident", [(1 << 30, True), (1024, False)], ids=["fits", "big"])
-def test_resident_model_runs_few_rows_on_panels(budget, resident, minilm_like, monkeypatch):
-    """A model whose linear weights fit RESIDENT_MODEL_BYTES runs up to RESIDENT_ROWS
-    rows of every weight (large ones too) on the C++ GEMM's panels, a larger model on
-    oneDNN; the handles torch hands out (``detach``) keep the route; outputs equal
-    transformers either way."""
+def test_loaded_model_runs_few_rows_on_panels(minilm_like):
+    """A loaded model runs up to SMALL_ROWS rows of every linear weight on the C++
+    GEMM's panels and more on oneDNN; the handles torch hands out (``detach``) keep
+    the route; outputs equal transformers."""
     from ..models import make_batch
 
     hf, folder = minilm_like
-    monkeypatch.setattr(cpu_weights, "RESIDENT_MODEL_BYTES", budget)
-    monkeypatch.setattr(cpu_weights, "SMALL_ROWS_MAX_BYTES", 0)  # every weight "large"
     model = bertfast.from_pretrained(folder, backend="cpu")
     w = getattr(model.layers, "0")._modules["ffn_in"].weight
     if w._panels is None:
         pytest.skip("oneDNN chose a weight layout other than 64-wide panels on this CPU")
     for handle in (w, w.detach()):
-        for rows in (1, cpu_weights.RESIDENT_ROWS):
+        for rows in (1, cpu_weights.SMALL_ROWS):
             route = cpu_weights.packed_for_call(handle, rows)
-            on_panels = not route.is_mkldnn and route.data_ptr() == w._panels.data_ptr()
-            assert on_panels == resident and (route is w._packed) != resident
-        assert cpu_weights.packed_for_call(handle, cpu_weights.RESIDENT_ROWS + 1) is w._packed
+            assert not route.is_mkldnn and route.data_ptr() == w._panels.data_ptr()
+        assert cpu_weights.packed_for_call(handle, 2 * cpu_weights.SMALL_ROWS) is w._packed
     batch = make_batch("bert")
     with torch.no_grad():
         ref = hf(**batch).last_hidden_state
@@ -494,21 +489,21 @@ def test_resident_model_runs_few_rows_on_panels(budget, resident, minilm_like, m
 
 @pytest.mark.parametrize("storage", ["own", "onednn"])
 @pytest.mark.parametrize("act", [None, "gelu"])
-def test_few_row_kernel_equals_row_block_kernel(storage, act, monkeypatch):
-    """Up to 32 rows the C++ GEMM runs whole panels chunk-outer (gemm.cpp
-    ``gemm_tile_few_rows``); its sums are formed as the row-block kernel's, so every
-    row equals, bit for bit, the same row of a 33-row call (the row-block kernel),
-    and float64 within the rule. A NaN row stays in its row."""
+def test_few_row_kernel_equals_row_block_kernel(storage, act):
+    """Up to 64 rows the C++ GEMM runs whole panels chunk-outer (gemm.cpp
+    ``gemm_tile_few_rows``, which prefetches the next chunk); its sums are formed as
+    the row-block kernel's, so every row equals, bit for bit, the same row of a 65-row
+    call (the row-block kernel), and float64 within the rule. K = 200 ends in a
+    partial chunk. A NaN row stays in its row."""
     if storage == "onednn" and not cpu_weights.ONEDNN:
         pytest.skip("torch has no oneDNN")
-    monkeypatch.setattr(cpu_weights, "SMALL_ROWS_MAX_BYTES", 1 << 30)  # C++ GEMM routes
-    x, w, b = _operands(33, 200, 150, torch.float32, seed=5)
+    x, w, b = _operands(65, 200, 150, torch.float32, seed=5)
     pw = cpu_weights.PackedWeight.of(w, storage)
     if pw._panels is None:
         pytest.skip("oneDNN chose a weight layout other than 64-wide panels on this CPU")
-    assert not cpu_weights.packed_for_call(pw, 33).is_mkldnn
+    assert not cpu_weights.packed_for_call(pw, 65).is_mkldnn
     full = _run(x, pw, b, act)
-    for m in (1, 3, 4, 5, 8, 9, 17, 31, 32):
+    for m in (1, 3, 4, 5, 8, 9, 17, 31, 32, 33, 63, 64):
         out = _run(x[:m], pw, b, act)
         assert torch.equal(out, full[:m]), (storage, m)
         _check(out, x[:m], w, b, act, torch.float32, f"few rows {storage} m={m} {act}")
