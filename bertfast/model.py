@@ -180,6 +180,9 @@ class BertfastModel(nn.Module):
         the tensors in ``weights`` are not modified)."""
         super().__init__()
         self.quantize = _quant.check_quantize(quantize)
+        # what attention computes in when not the model's dtype (int8: see
+        # ``quant.attention_dtype``); None: the model's dtype
+        self._attention_dtype = None
         self.config = config
         self.head = H.resolve_head(config, head)  # its name (str)
         self.backend = backend
@@ -265,6 +268,7 @@ class BertfastModel(nn.Module):
         :class:`~bertfast.ops.quant.QuantizedWeight` copies (CPU, fp32, cpu backend
         only; ValueError otherwise: never a silent fp32 model)."""
         _quant.check_supported(self.device, self.dtype, self.backend)
+        self._attention_dtype = _quant.attention_dtype()
         seen = {}
         for name, p in list(self.named_parameters(remove_duplicate=False)):
             if not _QUANTIZED.match(name) or _quant.is_quantized(p):
@@ -581,10 +585,11 @@ class BertfastModel(nn.Module):
         be = self.backend
         eps = cfg.layer_norm_eps
         layers = self.layers._modules
+        ad = self._attention_dtype
         for idx in cfg.layer_schedule():
             L = layers[str(idx)]
             qkv = ops.linear(h, L.qkv.weight, L.qkv.bias, backend=be)
-            ctx = attend(qkv)
+            ctx = attend(qkv) if ad is None else attend(qkv.to(ad)).to(qkv.dtype)
             a = ops.linear(ctx, L.attn_out.weight, None, backend=be)
             h = ops.add_layernorm(
                 a, h, L.attn_out.bias, L.attn_ln.weight, L.attn_ln.bias, eps, backend=be
@@ -632,9 +637,15 @@ class BertfastModel(nn.Module):
         blocks = [(b, e, None) for b, e in blocks]
         spare = None  # a free [rows, H] tensor: a previous h no hidden state keeps
 
+        ad = self._attention_dtype
+
         def attention_block(L, x, cu_block, out):
             qkv, proj, ln = L["qkv"]._parameters, L["attn_out"]._parameters, L["attn_ln"]
-            ctx = attention(linear(x, qkv["weight"], qkv["bias"]), cu_block, max_len, nh, scale)
+            y = linear(x, qkv["weight"], qkv["bias"])
+            if ad is None:
+                ctx = attention(y, cu_block, max_len, nh, scale)
+            else:
+                ctx = attention(y.to(ad), cu_block, max_len, nh, scale).to(y.dtype)
             a = linear(ctx, proj["weight"], None)
             ln = ln._parameters
             return add_ln(a, x, proj["bias"], ln["weight"], ln["bias"], eps, out=out)

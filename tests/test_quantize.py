@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import bertfast
-from bertfast.ops import quant
+from bertfast.ops import cpu_weights, quant
 
 from .models import build, make_batch, save
 
@@ -292,3 +292,46 @@ def test_split_activations_for_qkv():
     e_split = (out[ok] - F.gelu(ref[ok])).abs().max()
     assert e_split < e_plain / 20, (e_split, e_plain)
     assert torch.isnan(out[7]).all() and torch.isfinite(out[ok]).all()
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_int8_attention_dtype(family, tmp_path, monkeypatch):
+    """``BERTFAST_CPU_INT8_ATTENTION``: bf16 runs attention on bf16 copies of the QKV
+    output, fp32 on fp32; auto picks bf16 exactly where the CPU has native bf16 dot
+    products. Both stay within the int8 contract against transformers fp32, bf16
+    differs from fp32 (it is really taken) by less than int8 differs from fp32, and
+    the eager fast path equals the op-by-op path (``torch.compile``) bit for bit."""
+    hf = build(family, "base")
+    folder = save(hf, str(tmp_path / family))
+    batch = make_batch(family, lengths=(11, 7, 1, 9, 16))
+    mask = batch["attention_mask"]
+    with torch.no_grad():
+        ref = _sentence_vectors(hf(**batch).last_hidden_state, mask)
+    m32 = bertfast.from_pretrained(folder)
+    h32 = m32(**batch).last_hidden_state
+    out = {}
+    for mode in ("fp32", "bf16", "auto"):
+        monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", mode)
+        m8 = bertfast.from_pretrained(folder, quantize="int8")
+        want = {"fp32": None, "bf16": torch.bfloat16}.get(
+            mode, torch.bfloat16 if cpu_weights.NATIVE_BF16 else None
+        )
+        assert m8._attention_dtype == want, mode
+        out[mode] = h = m8(**batch).last_hidden_state
+        cos = F.cosine_similarity(_sentence_vectors(h, mask).double(), ref.double(), dim=-1)
+        assert cos.min().item() >= MIN_COSINE, (mode, cos)
+        assert torch.equal(h[~mask.bool()], torch.zeros_like(h[~mask.bool()]))
+        if mode == "bf16":
+            compiled = torch.compile(m8, fullgraph=True)(**batch).last_hidden_state
+            torch.testing.assert_close(compiled, h, rtol=0, atol=0)
+    real = mask.bool()
+    bf_vs_fp = (out["bf16"] - out["fp32"])[real].abs().max().item()
+    int8_vs_fp32 = (out["fp32"] - h32)[real].abs().max().item()
+    assert 0 < bf_vs_fp < int8_vs_fp32, (bf_vs_fp, int8_vs_fp32)
+
+
+def test_int8_attention_env_is_checked(family_folder, monkeypatch):
+    _, _, folder = family_folder
+    monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", "fp16")
+    with pytest.raises(ValueError, match="BERTFAST_CPU_INT8_ATTENTION='fp16': choose one of"):
+        bertfast.from_pretrained(folder, quantize="int8")
