@@ -189,12 +189,14 @@ def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
 #: Rows up to which a weight oneDNN holds in 64-wide panels runs on the C++ GEMM
 #: (it reads those panels in place: no second copy). Up to here the C++ GEMM's
 #: few-rows kernel is ahead of oneDNN on the weights a forward streams from L3 or
-#: memory, at 128 rows behind (kernels/cpu/gemm.cpp, ``gemm_tile_few_rows``; measured
-#: with ``benchmarks/few_rows_stream.py`` on AMD EPYC Zen 4, 2 threads, ms per
-#: forward's GEMMs, C++ / oneDNN: MiniLM 1 row 1.04 / 1.65, 16 rows 1.81 / 2.56, 64
-#: rows 6.53 / 7.25, 128 rows 18.1 / 13.2; BERT-base 1 row 11.0 / 14.4, 16 rows
-#: 13.5 / 17.6, 64 rows 50.0 / 52.9, 128 rows 116 / 103).
-SMALL_ROWS = 64
+#: memory, at 256 rows level, at 512 behind (kernels/cpu/gemm.cpp,
+#: ``gemm_tile_few_rows``; measured with ``benchmarks/few_rows_stream.py`` on AMD
+#: EPYC Zen 4, 2 threads, ms per forward's GEMMs, C++ / oneDNN: MiniLM 1 row 1.04 /
+#: 1.65, 16 rows 1.81 / 2.56, 64 rows 6.52 / 7.17, 128 rows 12.8 / 13.3, 256 rows
+#: 25.4 / 25.6; BERT-base 1 row 11.0 / 14.4, 16 rows 13.5 / 17.6, 64 rows 50.0 /
+#: 52.9, 128 rows 102.6 / 104.9, 256 rows 204 / 199). The C++ limit is
+#: ``kFewRowsMax`` there; above it the row-block kernel runs.
+SMALL_ROWS = 128
 
 
 def onednn_rows(rows: int) -> int:
@@ -269,7 +271,7 @@ def row_blocks(rows: int, width: int, element_size: int, unit: int = 1) -> list[
     if unit < 1 or rows * width * element_size <= FRESH_BYTES_MAX or per_unit > FRESH_BYTES_MAX:
         return [(0, rows)]
     block = unit << ((FRESH_BYTES_MAX // per_unit).bit_length() - 1)
-    if block <= SMALL_ROWS or onednn_rows(block) != block:
+    if onednn_rows(block) != block:
         return [(0, rows)]
     return [(r, min(r + block, rows)) for r in range(0, rows, block)]
 

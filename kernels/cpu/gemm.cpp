@@ -114,11 +114,16 @@ BF_INLINE void gemm_tile(const float* BF_RESTRICT x, const float* BF_RESTRICT pa
 // chunk (the next panel's first after the last, contiguous in [N / PW][K][PW]) into
 // L2 while it works on this one, its cache lines spread evenly over the chunk's
 // iterations (every group, every k) so that the requests stream at the pace of the
-// arithmetic. Measured on AMD EPYC Zen 4, 2 threads, the 24 GEMMs of a forward in
-// sequence (benchmarks/test_bench_kernels.py, few-rows), ms: all-MiniLM-L6-v2 16 rows
-// 2.33 -> 1.77 (oneDNN 2.55), BERT-base 16 rows 17.1 -> 13.6 (oneDNN 17.6), 64 rows
-// 59.3 (row-block kernel) -> 52.5 (oneDNN 52.6); at 128 rows it only ties oneDNN.
+// arithmetic. Up to kFewRowsMax rows a thread runs its panels one by one, each in
+// blocks of kFewRows rows (the panel is read from memory by the first block, from L2
+// by the next). Measured on AMD EPYC Zen 4, 2 threads, the GEMMs of a forward in
+// sequence (benchmarks/few_rows_stream.py), ms, this kernel / oneDNN: all-MiniLM-L6-v2
+// 16 rows 1.81 / 2.56 (2.33 before the prefetch), 64 rows 6.52 / 7.17, 128 rows
+// 12.8 / 13.3, 256 rows 25.4 / 25.6, 512 rows 52.9 / 52.0; BERT-base 16 rows 13.5 /
+// 17.6 (17.1 before), 64 rows 50.0 / 52.9 (59.3 on the row-block kernel), 128 rows
+// 102.6 / 104.9, 256 rows 203.6 / 198.7.
 constexpr int64_t kFewRows = 64;
+constexpr int64_t kFewRowsMax = 128;
 
 template <typename V, int VL, int MR, int NV, int ACT>
 BF_INLINE void gemm_tile_few_rows(const float* BF_RESTRICT x, const float* BF_RESTRICT packed,
@@ -244,7 +249,7 @@ void gemm_packed(const float* x, const float* pk, const float* bias, float* out,
     zeros.assign(N, 0.0f);
     bias = zeros.data();
   }
-  if (avx512 && M <= kFewRows && (PW == 32 || PW == 64)) {
+  if (avx512 && M <= kFewRowsMax && (PW == 32 || PW == 64)) {
     const int64_t panels = (N + PW - 1) / PW;
     // streaming the weight is the work even at one row: threads as for 8 rows
     const int nt = threads_for((M > 8 ? M : 8) * N * K, 1 << 20, num_threads);
@@ -252,7 +257,9 @@ void gemm_packed(const float* x, const float* pk, const float* bias, float* out,
 #pragma omp parallel for num_threads(nt) schedule(static)
 #endif
     for (int64_t p = 0; p < panels; ++p)
-      tile_few_rows_avx512<ACT>(x, pk, bias, out, M, N, K, PW, p);
+      for (int64_t r0 = 0; r0 < M; r0 += kFewRows)
+        tile_few_rows_avx512<ACT>(x + r0 * K, pk, bias, out + r0 * N,
+                                  M - r0 < kFewRows ? M - r0 : kFewRows, N, K, PW, p);
     return;
   }
   const int NR = avx512 ? 32 : 16;

@@ -129,7 +129,7 @@ def test_onednn_row_sizes_are_few_and_cover_every_count():
     sizes = {cpu_weights.onednn_rows(m) for m in range(1, 20001)}
     above = sorted(r for r in sizes if r > 8)
     assert len(above) <= 4 * 12  # 8 .. 32768: twelve octaves
-    assert len([r for r in sizes if r <= cpu_weights.SMALL_ROWS]) <= 8 + 4 * 3
+    assert len([r for r in sizes if r <= 64]) <= 8 + 4 * 3
     for m in range(1, 20001):
         r = cpu_weights.onednn_rows(m)
         assert m <= r < max(m * 1.25, m + 1) and cpu_weights.onednn_rows(r) == r
@@ -138,11 +138,11 @@ def test_onednn_row_sizes_are_few_and_cover_every_count():
 
 
 @pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
-@pytest.mark.parametrize("m", [1, 5, 9, 16, 17, 33, 64, 65, 80])
+@pytest.mark.parametrize("m", [1, 5, 9, 16, 17, 33, 64, 65, 80, 128, 129, 160])
 def test_few_rows_run_on_panels_of_every_weight(m):
     """Up to SMALL_ROWS rows every fp32 weight oneDNN holds, large (3 MiB) or small,
-    runs on the C++ GEMM's panels; above, oneDNN at the row counts it is given (80),
-    the panels at others (65). Every route equals float64."""
+    runs on the C++ GEMM's panels; above, oneDNN at the row counts it is given (160),
+    the panels at others (129). Every route equals float64."""
     for n, k in ((64, 128), (1024, 768)):
         x, w, b = _operands(m, k, n, torch.float32, seed=m + n)
         pw = cpu_weights.PackedWeight.of(w, "onednn")
@@ -337,7 +337,7 @@ def test_layer_rows_pads_only_weights_onednn_holds():
 
 @pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
 @pytest.mark.parametrize(
-    "lengths", [(40, 33, 1, 29, 20), (40, 16, 11, 10)], ids=["123to128", "77to80"]
+    "lengths", [(40, 40, 40, 30), (40, 40, 40, 40, 25)], ids=["150to160", "185to192"]
 )
 def test_loaded_model_pads_ragged_tokens_to_a_onednn_size(lengths, minilm_like, monkeypatch):
     """A ragged batch whose token count lies between oneDNN's sizes runs its layers on
@@ -387,7 +387,7 @@ def test_row_blocks_cover_rows_in_onednn_sizes():
         if len(blocks) > 1:
             size = blocks[0][1]
             assert size * width * 4 <= limit and size % unit == 0
-            assert cpu_weights.onednn_rows(size) == size > cpu_weights.SMALL_ROWS
+            assert cpu_weights.onednn_rows(size) == size
     assert len(cpu_weights.row_blocks(4096, 3072, 4)) == 2  # BERT-base's FFN at 4096 rows
 
 
@@ -490,20 +490,20 @@ def test_loaded_model_runs_few_rows_on_panels(minilm_like):
 @pytest.mark.parametrize("storage", ["own", "onednn"])
 @pytest.mark.parametrize("act", [None, "gelu"])
 def test_few_row_kernel_equals_row_block_kernel(storage, act):
-    """Up to 64 rows the C++ GEMM runs whole panels chunk-outer (gemm.cpp
-    ``gemm_tile_few_rows``, which prefetches the next chunk); its sums are formed as
-    the row-block kernel's, so every row equals, bit for bit, the same row of a 65-row
-    call (the row-block kernel), and float64 within the rule. K = 200 ends in a
-    partial chunk. A NaN row stays in its row."""
+    """Up to 128 rows the C++ GEMM runs whole panels chunk-outer, in blocks of 64 rows
+    (gemm.cpp ``gemm_tile_few_rows``, which prefetches the next chunk); its sums are
+    formed as the row-block kernel's, so every row equals, bit for bit, the same row
+    of a 129-row call (the row-block kernel), and float64 within the rule. K = 200
+    ends in a partial chunk. A NaN row stays in its row."""
     if storage == "onednn" and not cpu_weights.ONEDNN:
         pytest.skip("torch has no oneDNN")
-    x, w, b = _operands(65, 200, 150, torch.float32, seed=5)
+    x, w, b = _operands(129, 200, 150, torch.float32, seed=5)
     pw = cpu_weights.PackedWeight.of(w, storage)
     if pw._panels is None:
         pytest.skip("oneDNN chose a weight layout other than 64-wide panels on this CPU")
-    assert not cpu_weights.packed_for_call(pw, 65).is_mkldnn
+    assert not cpu_weights.packed_for_call(pw, 129).is_mkldnn
     full = _run(x, pw, b, act)
-    for m in (1, 3, 4, 5, 8, 9, 17, 31, 32, 33, 63, 64):
+    for m in (1, 3, 4, 5, 8, 9, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128):
         out = _run(x[:m], pw, b, act)
         assert torch.equal(out, full[:m]), (storage, m)
         _check(out, x[:m], w, b, act, torch.float32, f"few rows {storage} m={m} {act}")
