@@ -12,8 +12,9 @@
 //     activation bytes widened to int16: every product and pair sum is exact in
 //     int32 (255 * 127 * 2 < 2^31); no vpmaddubsw, which saturates.
 // Both give the same int32 accumulators bit for bit (integer sums are exact).
-// Threads: OpenMP static split over (block of rows, 64-column panel) tiles, row
-// block major: MB rows for VNNI / AVX2, MB_AMX for AMX (see tile_amx).
+// Threads: OpenMP static split over (block of rows, 64-column panel) tiles, panel
+// major up to 512 rows, row block major above (see run_tiles): MB rows for VNNI /
+// AVX2, MB_AMX for AMX (see tile_amx).
 #include "cpu/qgemm.h"
 
 #include <limits>
@@ -38,10 +39,11 @@ namespace bertfast {
 namespace cpu {
 namespace {
 
-constexpr int64_t MB = 48;              // rows per task for VNNI / AVX2 (a multiple of both MRs)
-constexpr int64_t MB_AMX = 256;         // rows per task for AMX (a multiple of 32)
-constexpr int kRawMode = -100;          // epilogue mode: write the raw int32 accumulators
-constexpr int64_t kStep = kQPanel * 4;  // bytes of one panel per 4 k's
+constexpr int64_t MB = 48;                // rows per task for VNNI / AVX2 (a multiple of both MRs)
+constexpr int64_t MB_AMX = 256;           // rows per task for AMX (a multiple of 32)
+constexpr int64_t kPanelMajorRows = 512;  // see run_tiles
+constexpr int kRawMode = -100;            // epilogue mode: write the raw int32 accumulators
+constexpr int64_t kStep = kQPanel * 4;    // bytes of one panel per 4 k's
 
 struct QArgs {
   const uint8_t* a;
@@ -354,6 +356,14 @@ void run_tiles(const QArgs& q, int isa, int num_threads, const float* x = nullpt
   const int64_t grain = isa == kQIsaAmx ? (1 << 24) : isa == kQIsaVnni ? (1 << 22) : (1 << 20);
   const int nt = threads_for(q.M * q.N * q.K4 * 4 * (second ? 2 : 1), grain, num_threads);
   (void)nt;
+  // Tile order: panel major up to kPanelMajorRows rows (a thread takes whole panels,
+  // every row block of one before the next: each weight panel comes from memory once,
+  // the few rows' activations stay in L2), row-block major above (the activations
+  // no longer fit). Measured on AMD EPYC Zen 4 (VNNI), 2 threads, the 48 GEMMs of a
+  // BERT-base forward in sequence, ms, row-block / panel major: 128 rows 40.7 /
+  // 36.9, 256 rows 74.8 / 66.2, 512 rows 133.6 / 132.0, 1024 rows 276 / 277, 4096
+  // rows 1057 / 1078.
+  const bool panel_major = q.M <= kPanelMajorRows;
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
@@ -388,7 +398,8 @@ void run_tiles(const QArgs& q, int isa, int num_threads, const float* x = nullpt
 #pragma omp for schedule(static)
 #endif
     for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t mb = t / panels, p = t % panels;
+      const int64_t mb = panel_major ? t % mblocks : t / panels;
+      const int64_t p = panel_major ? t / mblocks : t % panels;
       if (second) {
         run_tile<kNoActivation>(q, isa, mb, p);
         run_tile<MODE>(*second, isa, mb, p);
