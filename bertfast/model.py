@@ -52,6 +52,7 @@ from . import ops
 from .checkpoint import encoder_weight_specs, file_backed, load_checkpoint
 from .config import EncoderConfig
 from .info import warn_if_slow_bf16
+from .ops import cpu as _cpu
 from .ops import cpu_weights as _cpu_weights
 from .ops import dispatch as _dispatch
 from .ops import quant as _quant
@@ -669,10 +670,27 @@ class BertfastModel(nn.Module):
             spare = h if states is None else None
             return out
 
+        # Few rows (every GEMM on the C++ GEMM, one block, fp32 attention): one native
+        # call per layer, the same kernels in the same order (cpu.encoder_layer).
+        whole = ad is None and len(attn_blocks) == 1 and len(blocks) == 1
+
+        def native_layer(L, x):
+            p = [L[n]._parameters for n in _GEMMS]
+            l1, l2 = L["attn_ln"]._parameters, L["ffn_ln"]._parameters
+            return _cpu.encoder_layer(
+                x, cu, max_len, nh, scale,
+                [q["weight"] for q in p], [q["bias"] for q in p],
+                (l1["weight"], l1["bias"], l2["weight"], l2["bias"]), act, eps,
+            )  # fmt: skip
+
         for idx in schedule:
             L = layers[str(idx)]._modules
-            h = in_blocks(attention_block, L, h, attn_blocks)
-            h = in_blocks(ffn_block, L, h, blocks)
+            out = native_layer(L, h) if whole else None
+            if out is not None:
+                h = out
+            else:
+                h = in_blocks(attention_block, L, h, attn_blocks)
+                h = in_blocks(ffn_block, L, h, blocks)
             if states is not None:
                 states.append(h[:tokens])
         return h[:tokens]

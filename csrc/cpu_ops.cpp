@@ -223,6 +223,78 @@ Tensor linear_packed(const Tensor& x, const Tensor& packed, const OptTensor& bia
   return out;
 }
 
+// Runs one step of a composite entry point (encoder_layer): an error of the entry point
+// it calls ("bertfast._C.cpu.<inner>: <what>") is raised as the composite's, naming
+// the step: "bertfast._C.cpu.<op>: <step> (<inner>): <what>".
+template <typename F>
+Tensor step(const Op& op, const char* name, F&& run) {
+  const auto renamed = [name](const char* what) {
+    std::string msg(what);
+    const std::string prefix = "bertfast._C.cpu.";
+    if (msg.rfind(prefix, 0) == 0) {
+      const size_t colon = msg.find(": ", prefix.size());
+      if (colon != std::string::npos)
+        return std::string(name) + " (" + msg.substr(prefix.size(), colon - prefix.size()) +
+               "): " + msg.substr(colon + 2);
+    }
+    return std::string(name) + ": " + msg;
+  };
+  try {
+    return run();
+  } catch (const py::value_error& e) {
+    op.value_error(renamed(e.what()));
+  } catch (const py::type_error& e) {
+    op.type_error(renamed(e.what()));
+  } catch (const py::index_error& e) {
+    op.index_error(renamed(e.what()));
+  }
+}
+
+// One encoder layer in one call, for rows every GEMM runs on the C++ GEMM (the model's
+// few-rows path: no Python between the ops). The ops and their order are the model's
+// layer (bertfast/model.py, _layers_direct), each through its entry point above, so
+// every size is checked as there and the result is the same bit for bit:
+//   h1 = LayerNorm(proj(attention(qkv(h))) + proj_bias + h)
+//   h2 = LayerNorm(ffn_out(act(ffn_in(h1))) + ffn_out_bias + h1)
+// The weights are packed for linear_packed (allow_avx512 as the model packed them).
+Tensor encoder_layer(const Tensor& h, const Tensor& cu_seqlens, int64_t max_seqlen,
+                     int64_t num_heads, double scale, const Tensor& qkv, const OptTensor& qkv_bias,
+                     const Tensor& attn_out, const OptTensor& attn_out_bias,
+                     const Tensor& attn_ln_weight, const Tensor& attn_ln_bias, const Tensor& ffn_in,
+                     const OptTensor& ffn_in_bias, int64_t intermediate,
+                     const std::optional<std::string>& activation, const Tensor& ffn_out,
+                     const OptTensor& ffn_out_bias, const Tensor& ffn_ln_weight,
+                     const Tensor& ffn_ln_bias, double eps, bool allow_avx512) {
+  Op op = cpu_op("encoder_layer");
+  op.tensor(h, "h", at::kFloat);
+  op.dims(h, "h", 2);
+  if (intermediate < 0)
+    op.value_error("intermediate must be >= 0, got " + std::to_string(intermediate));
+  const int64_t H = h.size(1);
+  const Tensor y = step(op, "QKV projection", [&] {
+    return linear_packed(h, qkv, qkv_bias, 3 * H, std::nullopt, allow_avx512);
+  });
+  const Tensor ctx = step(op, "attention", [&] {
+    return attention_varlen(y, cu_seqlens, max_seqlen, num_heads, scale);
+  });
+  Tensor a = step(op, "attention output projection", [&] {
+    return linear_packed(ctx, attn_out, std::nullopt, H, std::nullopt, allow_avx512);
+  });
+  // LayerNorm rows are read whole before written: each writes over its GEMM's output.
+  const Tensor h1 = step(op, "attention LayerNorm", [&] {
+    return add_layernorm(a, h, attn_out_bias, attn_ln_weight, attn_ln_bias, eps, OptTensor(a));
+  });
+  const Tensor f = step(op, "FFN in", [&] {
+    return linear_packed(h1, ffn_in, ffn_in_bias, intermediate, activation, allow_avx512);
+  });
+  Tensor o = step(op, "FFN out", [&] {
+    return linear_packed(f, ffn_out, std::nullopt, H, std::nullopt, allow_avx512);
+  });
+  return step(op, "FFN LayerNorm", [&] {
+    return add_layernorm(o, h1, ffn_out_bias, ffn_ln_weight, ffn_ln_bias, eps, OptTensor(o));
+  });
+}
+
 }  // namespace
 
 void register_cpu_ops(pybind11::module_& m) {
@@ -266,6 +338,15 @@ void register_cpu_ops(pybind11::module_& m) {
           "linear_act with a weight packed by linear_pack (same allow_avx512)", arg("x"),
           arg("packed"), arg("bias"), arg("out_features"), arg("activation"),
           arg("allow_avx512") = true);
+  cpu.def("encoder_layer", &encoder_layer, release_gil(),
+          "one encoder layer on packed tokens h [T, H] (fp32): QKV, attention_varlen, output "
+          "projection + add_layernorm, FFN in + activation, FFN out + add_layernorm; weights "
+          "packed by linear_pack (or oneDNN's 64-wide panels)",
+          arg("h"), arg("cu_seqlens"), arg("max_seqlen"), arg("num_heads"), arg("scale"),
+          arg("qkv"), arg("qkv_bias"), arg("attn_out"), arg("attn_out_bias"), arg("attn_ln_weight"),
+          arg("attn_ln_bias"), arg("ffn_in"), arg("ffn_in_bias"), arg("intermediate"),
+          arg("activation"), arg("ffn_out"), arg("ffn_out_bias"), arg("ffn_ln_weight"),
+          arg("ffn_ln_bias"), arg("eps"), arg("allow_avx512") = true);
 }
 
 }  // namespace bertfast

@@ -109,6 +109,34 @@ def linear_gelu(x, weight, bias, act):
     return linear(x, weight, bias, act)
 
 
+#: Whether a model's few-rows layers run as one native call (``encoder_layer``);
+#: False runs them op by op (the same kernels, the same result: for A/B runs).
+FUSED_LAYER = True
+
+
+def encoder_layer(h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, ln, act, eps):
+    """One encoder layer of packed tokens ``h`` ``[T, H]`` in one native call (no
+    Python between its ops), or None where it does not apply: ``FUSED_LAYER`` off, or
+    a GEMM weight not on the C++ GEMM at ``T`` rows (``cpu_weights.layer_panels``).
+
+    ``weights``/``biases``: QKV, attention output, FFN in, FFN out (biases may be
+    None); ``ln``: attention LayerNorm weight, bias, FFN LayerNorm weight, bias. The
+    same kernels in the same order as the model's op-by-op layer, so the same result
+    bit for bit (``tests/ops/test_cpu_encoder_layer.py``)."""
+    if not FUSED_LAYER:
+        return None
+    panels = _weights.layer_panels(weights, h.shape[0])
+    if panels is None:
+        return None
+    qkv, proj, ffn_in, ffn_out = panels
+    return _kernels.encoder_layer(
+        h, cu_seqlens, int(max_seqlen), int(num_heads), float(scale),
+        qkv, _c(biases[0]), proj, _c(biases[1]), _c(ln[0]), _c(ln[1]),
+        ffn_in, _c(biases[2]), weights[2].shape[0], act, ffn_out, _c(biases[3]),
+        _c(ln[2]), _c(ln[3]), float(eps), True,
+    )  # fmt: skip
+
+
 # ---------------------------------------------------------------- attention
 def attention(qkv, attention_mask, num_heads, scale):
     return _kernels.attention(

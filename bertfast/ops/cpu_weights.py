@@ -186,6 +186,21 @@ def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
     return None
 
 
+def layer_panels(weights, rows: int) -> list[Tensor] | None:
+    """The C++ GEMM's panels of a layer's GEMM weights at ``rows`` rows (see
+    ``packed_for_call``), or None where any of them is not a weight a model packed
+    (``PackedWeight``) or runs elsewhere at that row count (oneDNN)."""
+    panels = []
+    for w in weights:
+        if not isinstance(w, PackedWeight):
+            return None
+        p = packed_for_call(w, rows)
+        if p is None or p.is_mkldnn:
+            return None
+        panels.append(p)
+    return panels
+
+
 #: Rows up to which a weight oneDNN holds in 64-wide panels runs on the C++ GEMM
 #: (it reads those panels in place: no second copy). Up to here the C++ GEMM's
 #: few-rows kernel is ahead of oneDNN on the weights a forward streams from L3 or

@@ -496,6 +496,82 @@ def _packed_cases():
     }
 
 
+def _layer_args(**over):
+    """encoder_layer's arguments: 3 tokens (sequences of 2 and 1), H 8, 2 heads, FFN 16."""
+    H, I = 8, 16
+    args = dict(
+        h=torch.randn(3, H), cu=torch.tensor([0, 2, 3], dtype=torch.int32), max_len=2, heads=2,
+        scale=0.5, qkv=cpu.linear_pack(torch.randn(3 * H, H), True), qkv_b=torch.randn(3 * H),
+        proj=cpu.linear_pack(torch.randn(H, H), True), proj_b=torch.randn(H),
+        ln1_w=torch.ones(H), ln1_b=torch.zeros(H),
+        ffn_in=cpu.linear_pack(torch.randn(I, H), True), ffn_in_b=torch.randn(I),
+        inter=I, act="gelu", ffn_out=cpu.linear_pack(torch.randn(H, I), True),
+        ffn_out_b=torch.randn(H), ln2_w=torch.ones(H), ln2_b=torch.zeros(H), eps=1e-12, a=True,
+    )  # fmt: skip
+    args.update(over)
+    return args
+
+
+def _layer_cases():
+    """encoder_layer (csrc/cpu_ops.cpp): its own checks, then each step's, named."""
+    L = _layer_args
+    panels_16 = cpu.linear_pack(torch.randn(16, 16), True)
+    return {
+        "layer/h dtype": (cpu.encoder_layer, L(h=torch.randn(3, 8).double()), TypeError, "h has"),
+        "layer/h 3-d": (cpu.encoder_layer, L(h=torch.randn(1, 3, 8)), ValueError, "h must have 2"),
+        "layer/intermediate": (cpu.encoder_layer, L(inter=-1), ValueError, "intermediate"),
+        "layer/qkv K": (
+            cpu.encoder_layer,
+            L(qkv=cpu.linear_pack(torch.randn(24, 9), True)),
+            ValueError,
+            "QKV projection (linear_packed): packed has size 9 in dim 1, expected 8",
+        ),
+        "layer/cu_seqlens": (
+            cpu.encoder_layer,
+            L(cu=torch.tensor([0, 2, 5], dtype=torch.int32)),
+            IndexError,
+            "attention (attention_varlen): cu_seqlens must rise",
+        ),
+        "layer/heads": (cpu.encoder_layer, L(heads=3), ValueError, "attention (attention_varlen)"),
+        "layer/proj panels": (
+            cpu.encoder_layer,
+            L(proj=panels_16),
+            ValueError,
+            "attention output projection (linear_packed)",
+        ),
+        "layer/ln1 bias": (
+            cpu.encoder_layer,
+            L(proj_b=torch.randn(9)),
+            ValueError,
+            "attention LayerNorm (add_layernorm): bias",
+        ),
+        "layer/intermediate vs panels": (
+            cpu.encoder_layer,
+            L(inter=16 + cpu.linear_panel_width(True)),
+            ValueError,
+            "FFN in (linear_packed)",
+        ),
+        "layer/activation": (
+            cpu.encoder_layer,
+            L(act="swish"),
+            ValueError,
+            "FFN in (linear_packed)",
+        ),
+        "layer/ffn_out K": (
+            cpu.encoder_layer,
+            L(ffn_out=cpu.linear_pack(torch.randn(8, 12), True)),
+            ValueError,
+            "FFN out (linear_packed)",
+        ),
+        "layer/ln2 weight": (
+            cpu.encoder_layer,
+            L(ln2_w=torch.ones(7)),
+            ValueError,
+            "FFN LayerNorm (add_layernorm): weight",
+        ),
+    }
+
+
 def _int8_cases():
     """The int8 entry points (kernels/cpu/qgemm.cpp, csrc/cpu_int8_ops.cpp)."""
     if not hasattr(cpu, "qlinear"):  # pragma: no cover - a build without them
@@ -582,7 +658,7 @@ def _int8_cases():
     }
 
 
-ALL_CASES = {**CASES, **_packed_cases(), **_int8_cases()}
+ALL_CASES = {**CASES, **_packed_cases(), **_layer_cases(), **_int8_cases()}
 
 
 @pytest.mark.parametrize("case", sorted(ALL_CASES))
@@ -649,3 +725,17 @@ def test_valid_calls_match_torch():
     w, b = torch.randn(40, 8), torch.randn(40)
     out = cpu.linear_packed(x, cpu.linear_pack(w, True), b, 40, None, True)
     torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
+
+
+def test_encoder_layer_is_its_steps():
+    """A valid encoder_layer call (run under the sanitizers too) equals its steps."""
+    a = _layer_args()
+    got = _call(cpu.encoder_layer, a)
+    y = cpu.linear_packed(a["h"], a["qkv"], a["qkv_b"], 24, None, True)
+    ctx = cpu.attention_varlen(y, a["cu"], a["max_len"], a["heads"], a["scale"])
+    x = cpu.linear_packed(ctx, a["proj"], None, 8, None, True)
+    h1 = cpu.add_layernorm(x, a["h"], a["proj_b"], a["ln1_w"], a["ln1_b"], a["eps"])
+    f = cpu.linear_packed(h1, a["ffn_in"], a["ffn_in_b"], 16, "gelu", True)
+    o = cpu.linear_packed(f, a["ffn_out"], None, 8, None, True)
+    want = cpu.add_layernorm(o, h1, a["ffn_out_b"], a["ln2_w"], a["ln2_b"], a["eps"])
+    assert torch.equal(got, want)

@@ -1,0 +1,218 @@
+"""One native call per encoder layer on the CPU (``bertfast.ops.cpu.encoder_layer``,
+``_C.cpu.encoder_layer``): where every GEMM of a layer runs on the C++ GEMM (a
+model's packed weights at up to ``cpu_weights.SMALL_ROWS`` rows), the model runs
+each layer in one call instead of seven.
+
+References: the same model op by op (``cpu.FUSED_LAYER = False``: the same kernels,
+so equal bit for bit) and transformers (parity), for every architecture the
+encoder loop handles differently; then where the call must not be taken (rows on
+oneDNN, int8 weights, bf16), and the binding's checks on what it is given.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bertfast
+from bertfast.ops import cpu as cpu_ops
+from bertfast.ops import cpu_weights
+from bertfast.ops.dispatch import get_backend
+
+from ..models import build, save
+from ..test_parity_transformers import ATOL
+
+pytestmark = pytest.mark.skipif(
+    get_backend("cpu").unavailable("cpu") is not None,
+    reason="bertfast._C CPU kernels are not built",
+)
+
+FAMILIES = ["bert", "roberta", "albert", "electra", "distilbert"]
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    out = {}
+    for family in FAMILIES:
+        hf = build(family)
+        out[family] = (hf, save(hf, str(tmp_path_factory.mktemp(family))))
+    # widths that are multiples of 64 (oneDNN holds the weights: 64-wide panels)
+    hf = build(
+        "bert", hidden_size=128, intermediate_size=512, num_attention_heads=2,
+        num_hidden_layers=2, max_position_embeddings=256,
+    )  # fmt: skip
+    out["onednn"] = (hf, save(hf, str(tmp_path_factory.mktemp("onednn"))))
+    return out
+
+
+class Count:
+    """Counts ``cpu.encoder_layer`` calls that ran (returned a tensor) and declined."""
+
+    def __init__(self, monkeypatch):
+        self.ran = self.declined = 0
+        real = cpu_ops.encoder_layer
+
+        def spy(*a, **k):
+            out = real(*a, **k)
+            if out is None:
+                self.declined += 1
+            else:
+                self.ran += 1
+            return out
+
+        monkeypatch.setattr(cpu_ops, "encoder_layer", spy)
+
+
+def _batch(lengths, vocab, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    S = max(lengths)
+    ids = torch.randint(5, vocab, (len(lengths), S), generator=g)
+    mask = torch.zeros(len(lengths), S, dtype=torch.int64)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    return ids, mask
+
+
+def _run(model, ids, mask):
+    out = model(ids, attention_mask=mask, output_hidden_states=True)
+    return [out.last_hidden_state, *out.hidden_states]
+
+
+@pytest.mark.parametrize("family", FAMILIES + ["onednn"])
+@pytest.mark.parametrize("lengths", [[1], [7, 3], [16, 16, 16], [30, 1, 17, 9]])
+def test_native_layer_equals_op_by_op_and_transformers(family, lengths, zoo, monkeypatch):
+    hf, folder = zoo[family]
+    model = bertfast.from_pretrained(folder, backend="cpu")
+    ids, mask = _batch(lengths, hf.config.vocab_size)
+    count = Count(monkeypatch)
+    fused = _run(model, ids, mask)
+    layers = len(model.config.layer_schedule())
+    assert count.ran == layers and count.declined == 0
+    monkeypatch.setattr(cpu_ops, "FUSED_LAYER", False)
+    op_by_op = _run(model, ids, mask)
+    assert count.ran == layers  # not taken when switched off
+    for a, b in zip(fused, op_by_op, strict=True):
+        assert torch.equal(a, b)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    assert (fused[0][real] - ref[real]).abs().max().item() <= ATOL
+
+
+@pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
+def test_not_taken_where_a_gemm_runs_on_onednn(zoo, monkeypatch):
+    """Above SMALL_ROWS rows oneDNN runs the GEMMs: the layer goes op by op."""
+    hf, folder = zoo["onednn"]
+    model = bertfast.from_pretrained(folder, backend="cpu")
+    w = model.layers._modules["0"].ffn_in.weight
+    if w._panels is None or not w._packed.is_mkldnn:
+        pytest.skip("oneDNN does not hold this weight in 64-wide panels on this CPU")
+    rows = cpu_weights.SMALL_ROWS + 32
+    assert cpu_weights.layer_panels([w], rows) is None
+    ids, mask = _batch([rows // 2, rows // 2], hf.config.vocab_size)
+    count = Count(monkeypatch)
+    out = model(ids, attention_mask=mask).last_hidden_state
+    assert count.ran == 0
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert (out - ref).abs().max().item() <= ATOL
+
+
+@pytest.mark.parametrize("kind", ["int8", "bf16", "plain"])
+def test_not_taken_for_weights_off_the_cpp_gemm(kind, zoo, monkeypatch):
+    """int8 weights, bf16 weights and weights a model does not own packed (plain
+    tensors: ``optimize()``'s) never reach the fp32 C++ GEMM's layer call."""
+    hf, folder = zoo["bert"]
+    if kind == "int8":
+        model = bertfast.from_pretrained(folder, backend="cpu", quantize="int8")
+    elif kind == "bf16":
+        model = bertfast.from_pretrained(folder, backend="cpu", dtype=torch.bfloat16)
+    else:
+        model = bertfast.optimize(hf, backend="cpu")
+    ids, mask = _batch([5, 3], hf.config.vocab_size)
+    count = Count(monkeypatch)
+    model(input_ids=ids, attention_mask=mask)
+    assert count.ran == 0
+
+
+def _layer_args(model, rows=6, seed=0):
+    """The binding's arguments for layer 0 of ``model`` on ``rows`` tokens."""
+    cfg = model.config
+    L = model.layers._modules["0"]._modules
+    names = ("qkv", "attn_out", "ffn_in", "ffn_out")
+    panels = cpu_weights.layer_panels([L[n].weight for n in names], rows)
+    assert panels is not None
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(rows, cfg.hidden_size, generator=g)
+    cu = torch.tensor([0, 2, rows], dtype=torch.int32)
+    return dict(
+        h=h, cu_seqlens=cu, max_seqlen=rows - 2, num_heads=cfg.num_heads,
+        scale=cfg.head_dim**-0.5, qkv=panels[0], qkv_bias=L["qkv"].bias,
+        attn_out=panels[1], attn_out_bias=L["attn_out"].bias,
+        attn_ln_weight=L["attn_ln"].weight, attn_ln_bias=L["attn_ln"].bias,
+        ffn_in=panels[2], ffn_in_bias=L["ffn_in"].bias,
+        intermediate=L["ffn_in"].weight.shape[0], activation=cfg.hidden_act,
+        ffn_out=panels[3], ffn_out_bias=L["ffn_out"].bias,
+        ffn_ln_weight=L["ffn_ln"].weight, ffn_ln_bias=L["ffn_ln"].bias,
+        eps=cfg.layer_norm_eps,
+    )  # fmt: skip
+
+
+def test_binding_equals_the_ops_in_order(zoo):
+    """The binding is the layer's ops in their order (the ops' public entry points)."""
+    from bertfast import ops
+
+    model = bertfast.from_pretrained(zoo["bert"][1], backend="cpu")
+    a = _layer_args(model)
+    got = cpu_ops._kernels.encoder_layer(**a)
+    L = model.layers._modules["0"]._modules
+    be = "cpu"
+    y = ops.linear(a["h"], L["qkv"].weight, L["qkv"].bias, backend=be)
+    ctx = ops.attention_varlen(
+        y, a["cu_seqlens"], a["max_seqlen"], a["num_heads"], a["scale"], backend=be
+    )
+    x = ops.linear(ctx, L["attn_out"].weight, None, backend=be)
+    h1 = ops.add_layernorm(
+        x, a["h"], L["attn_out"].bias, L["attn_ln"].weight, L["attn_ln"].bias, a["eps"], backend=be
+    )
+    f = ops.linear_gelu(h1, L["ffn_in"].weight, L["ffn_in"].bias, a["activation"], backend=be)
+    o = ops.linear(f, L["ffn_out"].weight, None, backend=be)
+    want = ops.add_layernorm(
+        o, h1, L["ffn_out"].bias, L["ffn_ln"].weight, L["ffn_ln"].bias, a["eps"], backend=be
+    )
+    assert torch.equal(got, want)
+
+
+BAD = {
+    "h of another dtype": ("h", lambda a: a["h"].double(), TypeError),
+    "h not 2-d": ("h", lambda a: a["h"][None], ValueError),
+    "h of another width": ("h", lambda a: a["h"][:, :-1].contiguous(), ValueError),
+    "h not contiguous": ("h", lambda a: a["h"].t().contiguous().t(), ValueError),
+    "qkv panels of another K": ("qkv", lambda a: a["attn_out"][:, :-1].contiguous(), ValueError),
+    "ffn_in panels too few": ("ffn_in", lambda a: a["ffn_in"][:1].contiguous(), ValueError),
+    "intermediate too large": ("intermediate", lambda a: a["intermediate"] + 64, ValueError),
+    "intermediate negative": ("intermediate", lambda a: -1, ValueError),
+    "qkv bias short": ("qkv_bias", lambda a: a["qkv_bias"][:-1], ValueError),
+    "ffn_out bias short": ("ffn_out_bias", lambda a: a["ffn_out_bias"][:-1], ValueError),
+    "LayerNorm weight short": ("ffn_ln_weight", lambda a: a["ffn_ln_weight"][:-1], ValueError),
+    "cu_seqlens past the tokens": (
+        "cu_seqlens",
+        lambda a: torch.tensor([0, 2, 99], dtype=torch.int32),
+        IndexError,
+    ),
+    "max_seqlen too small": ("max_seqlen", lambda a: 1, ValueError),
+    "heads not dividing": ("num_heads", lambda a: 7, ValueError),
+    "unknown activation": ("activation", lambda a: "swish", ValueError),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_binding_checks_what_it_is_given(case, zoo):
+    """Every size the kernels rely on is checked: a clear error, never a crash or an
+    out-of-bounds read (tests/ops/test_native_safety.py runs the others)."""
+    model = bertfast.from_pretrained(zoo["bert"][1], backend="cpu")
+    a = _layer_args(model)
+    name, bad, error = BAD[case]
+    a[name] = bad(a)
+    with pytest.raises(error):
+        cpu_ops._kernels.encoder_layer(**a)
