@@ -254,6 +254,8 @@ def first_tokens(tokens: torch.Tensor, info: PackInfo) -> torch.Tensor:
         tokens = torch.cat([tokens, tokens.new_zeros(1, tokens.shape[-1])])
     elif tokens.shape[0] == 0:
         return tokens.new_zeros(info.batch, tokens.shape[-1])
+    elif info.dense:  # no padding: row b's first token is at b * S, every row has one
+        return tokens.view(info.batch, info.seqlen, tokens.shape[-1])[:, 0].contiguous()
     first = tokens.index_select(0, info.first_token)
     return first.masked_fill((info.lengths == 0)[:, None], 0)
 
@@ -323,7 +325,9 @@ class HeadInput:
         def compute():
             if self.weight("pooler.weight") is None:
                 return None
-            return pool(self.weight, self.first, self.backend).masked_fill(self.empty_rows, 0)
+            pooled = pool(self.weight, self.first, self.backend)
+            # no padding (``dense``): no row is empty, nothing to mask
+            return pooled if self.info.dense else pooled.masked_fill(self.empty_rows, 0)
 
         return self._once("pooled", compute)
 
