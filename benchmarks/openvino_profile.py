@@ -1,0 +1,134 @@
+"""Where OpenVINO's time goes, per node type, beside bertfast's own split.
+
+OpenVINO (the fastest fp32 peer on most CPU shapes) compiled as ``bertfast bench``
+compiles it (the same ONNX export, fp32 inference precision, LATENCY hint), with
+its performance counters on; then bertfast's forward on the same shape with each
+native kernel timed (GEMMs, attention, LayerNorm, embedding). Both in this one
+process, one after the other. OpenVINO's per-node times are its own counters: they
+can add up to more than its wall time (measured: 128.8 ms of nodes in a 116.4 ms
+forward, MiniLM 8x128, 2 threads), so read them as which kernels it picks and their
+rough weight, not as a sum to subtract. Usage::
+
+    python benchmarks/openvino_profile.py [--model minilm] [--shape 8x128] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import numpy as np
+import torch
+
+import bertfast
+from bertfast import _C, presets
+from bertfast.bench.peers import onnx_export
+
+
+def openvino_split(folder: str, B: int, S: int, threads: int, iters: int):
+    import openvino as ov
+
+    core = ov.Core()
+    model = core.read_model(onnx_export(folder))
+    compiled = core.compile_model(
+        model,
+        "CPU",
+        {
+            "INFERENCE_PRECISION_HINT": "f32",
+            "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_NUM_THREADS": threads,
+            "PERF_COUNT": True,
+        },
+    )
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for port in model.inputs:
+        name = port.any_name
+        if "input_ids" in name:
+            feeds[name] = rng.integers(1000, 20000, (B, S), dtype=np.int64)
+        elif "mask" in name:
+            feeds[name] = np.ones((B, S), np.int64)
+        else:
+            feeds[name] = np.zeros((B, S), np.int64)
+    request = compiled.create_infer_request()
+    for _ in range(3):
+        request.infer(feeds)
+    split: collections.Counter = collections.Counter()
+    start = time.perf_counter()
+    for _ in range(iters):
+        request.infer(feeds)
+        for node in request.profiling_info:
+            if node.status == node.Status.EXECUTED:
+                split[f"{node.node_type} ({node.exec_type})"] += node.real_time.total_seconds()
+    wall = (time.perf_counter() - start) / iters
+    return wall, {k: v / iters for k, v in split.items()}
+
+
+def bertfast_split(folder: str, B: int, S: int, iters: int):
+    model = bertfast.from_pretrained(folder, backend="cpu")
+    ids = torch.randint(1000, 20000, (B, S))
+    mask = torch.ones(B, S, dtype=torch.int64)
+    split: collections.Counter = collections.Counter()
+    originals = []
+
+    def timed(owner, name, label):
+        real = getattr(owner, name)
+
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            out = real(*a, **k)
+            split[label] += time.perf_counter() - t
+            return out
+
+        originals.append((owner, name, real))
+        setattr(owner, name, wrapper)
+
+    timed(torch.ops.mkldnn, "_linear_pointwise", "GEMMs (oneDNN)")
+    for name, label in [
+        ("linear_packed", "GEMMs (C++)"),
+        ("encoder_layer", "whole layers (one call, C++ GEMM)"),
+        ("attention_varlen", "attention"),
+        ("add_layernorm", "add + LayerNorm"),
+        ("embed_layernorm", "embedding + LayerNorm"),
+    ]:
+        timed(_C.cpu, name, label)
+    try:
+        with torch.inference_mode():
+            for _ in range(3):
+                model(ids, attention_mask=mask)
+            split.clear()
+            start = time.perf_counter()
+            for _ in range(iters):
+                model(ids, attention_mask=mask)
+            wall = (time.perf_counter() - start) / iters
+    finally:
+        for owner, name, real in originals:
+            setattr(owner, name, real)
+    return wall, {k: v / iters for k, v in split.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="minilm")
+    ap.add_argument("--shape", default="8x128")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    folder = str(presets.resolve(args.model))
+    B, S = (int(v) for v in args.shape.split("x"))
+    threads, n = args.threads, args.iters
+    runs = [
+        ("OpenVINO (performance counters on)", openvino_split(folder, B, S, threads, n)),
+        ("bertfast-cpu (native calls timed)", bertfast_split(folder, B, S, n)),
+    ]
+    for title, (wall, split) in runs:
+        print(f"{title}: {wall * 1e3:.2f} ms per forward at {args.shape}")
+        for name, seconds in sorted(split.items(), key=lambda kv: -kv[1])[:10]:
+            print(f"  {seconds * 1e3:9.3f} ms  {name}")
+        print(f"  {(wall - sum(split.values())) * 1e3:9.3f} ms  outside those")
+
+
+if __name__ == "__main__":
+    main()
