@@ -192,9 +192,7 @@ def layer_panels(weights, rows: int) -> list[Tensor] | None:
     (``PackedWeight``) or runs elsewhere at that row count (oneDNN)."""
     panels = []
     for w in weights:
-        if not isinstance(w, PackedWeight):
-            return None
-        p = packed_for_call(w, rows)
+        p = packed_for_call(w, rows) if isinstance(w, PackedWeight) else None
         if p is None or p.is_mkldnn:
             return None
         panels.append(p)
