@@ -54,11 +54,10 @@ namespace {
 constexpr int64_t BLOCK_M = 256;  // query rows per task (K / V are packed once per task)
 constexpr int64_t BLOCK_N = 128;  // keys per online-softmax step
 
-// The fp32 micro-kernels use GCC/Clang vector extensions (no intrinsics): with a
-// tile of accumulators held in registers the compiler's own loop vectoriser would
-// not keep them out of memory. Variants (AVX-512 / AVX2) chosen at run time.
-typedef float v8f __attribute__((vector_size(32), aligned(4)));  // aligned(4): unaligned loads ok
-typedef float v16f __attribute__((vector_size(64), aligned(4)));
+// The fp32 micro-kernels use GCC/Clang vector extensions (v8f / v16f of common.h, no
+// intrinsics): with a tile of accumulators held in registers the compiler's own loop
+// vectoriser would not keep them out of memory. Variants (AVX-512 / AVX2) chosen at
+// run time.
 
 // Unaligned vector load / store (memcpy: an aligned(4) typedef does not stop GCC
 // from emitting aligned moves for 64-byte vectors).
@@ -174,16 +173,17 @@ BF_INLINE float softmax_step(float* BF_RESTRICT sr, float& m, float& l) {
 // the softmax needs no horizontal reductions (its max and sum run down the keys,
 // lane by lane). Per task the head's real keys are copied once, row-major, into fp32
 // scratch (k [nkr][d], v [nkr][dpad], nkr = keys rounded up to KJ with zero rows,
-// dpad = d rounded up to KJ with zero columns); per group the query rows are
+// dpad = d rounded up to VL with zero columns); per group the query rows are
 // transposed and scaled into qt [d][L]. Then, BLOCK_N keys at a time (online softmax):
 //   scores  st[j][L] = sum_dd k[j][dd] * qt[dd][L]     (score_tile: KJ keys x QV vectors)
 //   m_new = max(m, max_j st), p = exp(st - m_new), l = l * alpha + sum_j p
-//   ot[dd][L] = ot * alpha + sum_j v[j][dd] * p[j][L]  (pv_tile: KJ head dims x QV vectors)
-// Both micro-tiles hold KJ x QV vector accumulators in registers and per step load
-// QV vectors plus KJ broadcast scalars:
-//   AVX-512 (x86-64-v4): VL = 16, QV = 2, KJ = 8 -> 32 queries a group, 16 zmm accumulators
-//   AVX2/FMA (baseline):  VL = 8,  QV = 2, KJ = 4 -> 16 queries a group, 8 ymm accumulators
-// Finally out[row][dd] = ot[dd][lane] / l[lane].
+//                                                      (softmax_lanes: QV vectors a key)
+//   ot[L][dd] = ot * alpha + sum_j p[j][L] * v[j][dd]  (pv_tile: R queries x 2 vectors of dims)
+// The micro-tiles hold their accumulators in registers; per step the score tile
+// loads QV vectors plus KJ broadcast scalars, the P V tile 2 vectors plus R broadcasts:
+//   AVX-512 (x86-64-v4): VL = 16, QV = 2, KJ = 8, R = 8 -> 32 queries a group, 16 zmm accumulators
+//   AVX2/FMA (baseline):  VL = 8,  QV = 2, KJ = 4, R = 4 -> 16 queries a group, 8 ymm accumulators
+// Finally out[row][dd] = ot[row][dd] / l[row], each row written as it is (query-major).
 
 // st[j][0..L) = sum_dd k[j][dd] * qt[dd][0..L) for j < nkeys rounded up to KJ.
 template <typename V, int VL, int QV, int KJ>
@@ -208,28 +208,45 @@ BF_INLINE void score_tile(const float* BF_RESTRICT qt, const float* BF_RESTRICT 
   }
 }
 
-// ot[dd][0..L) = ot[dd] * alpha + sum_{j < nkeys} v[j][dd] * p[j][0..L), dd < dpad.
-template <typename V, int VL, int QV, int KJ>
+// ot[r][d0..d0 + DV VL) = ot[r] * alpha[r] + sum_{j < nkeys} p[j][r] * v[j][d0..) for
+// the R query rows r0 <= r < r0 + R: R x DV vector accumulators in registers; per key
+// DV loads of V and R broadcasts of P.
+template <typename V, int VL, int L, int R, int DV>
+BF_INLINE void pv_block(const float* BF_RESTRICT p, const float* BF_RESTRICT v, int64_t dpad,
+                        int64_t nkeys, const float* BF_RESTRICT alpha, float* BF_RESTRICT ot,
+                        int r0, int64_t d0) {
+  V acc[R][DV];
+  for (int r = 0; r < R; ++r) {
+    const V a = splat_at<V>(alpha + r0 + r);
+    for (int c = 0; c < DV; ++c) acc[r][c] = load_v<V>(ot + (r0 + r) * dpad + d0 + c * VL) * a;
+  }
+  const float* BF_RESTRICT vr = v + d0;
+  const float* BF_RESTRICT pr = p + r0;
+  for (int64_t j = 0; j < nkeys; ++j, vr += dpad, pr += L) {
+    V vv[DV];
+    for (int c = 0; c < DV; ++c) vv[c] = load_v<V>(vr + c * VL);
+    for (int r = 0; r < R; ++r) {
+      const V pj = splat_at<V>(pr + r);
+      for (int c = 0; c < DV; ++c) acc[r][c] += pj * vv[c];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < DV; ++c) store_v<V>(ot + (r0 + r) * dpad + d0 + c * VL, acc[r][c]);
+}
+
+// ot[r][0..dpad) = ot[r] * alpha[r] + sum_{j < nkeys} p[j][r] * v[j][0..dpad) for the L
+// query rows of a group: P [nkeys][L] as the scores are (queries in lanes), the output
+// query-major (each row written out as it is); dpad a multiple of VL.
+template <typename V, int VL, int QV, int R>
 BF_INLINE void pv_tile(const float* BF_RESTRICT p, const float* BF_RESTRICT v, int64_t dpad,
                        int64_t nkeys, const float* BF_RESTRICT alpha, float* BF_RESTRICT ot) {
   constexpr int L = QV * VL;
-  V a[QV];
-  for (int c = 0; c < QV; ++c) a[c] = load_v<V>(alpha + c * VL);
-  for (int64_t d0 = 0; d0 < dpad; d0 += KJ) {
-    V acc[KJ][QV];
-    for (int i = 0; i < KJ; ++i)
-      for (int c = 0; c < QV; ++c) acc[i][c] = load_v<V>(ot + (d0 + i) * L + c * VL) * a[c];
-    const float* BF_RESTRICT vr = v + d0;
-    for (int64_t j = 0; j < nkeys; ++j, vr += dpad) {
-      V pj[QV];
-      for (int c = 0; c < QV; ++c) pj[c] = load_v<V>(p + j * L + c * VL);
-      for (int i = 0; i < KJ; ++i) {
-        const V vv = splat_at<V>(vr + i);
-        for (int c = 0; c < QV; ++c) acc[i][c] += vv * pj[c];
-      }
-    }
-    for (int i = 0; i < KJ; ++i)
-      for (int c = 0; c < QV; ++c) store_v<V>(ot + (d0 + i) * L + c * VL, acc[i][c]);
+  static_assert(L % R == 0, "query rows per block must divide the group");
+  for (int r0 = 0; r0 < L; r0 += R) {
+    int64_t d0 = 0;
+    for (; d0 + 2 * VL <= dpad; d0 += 2 * VL)
+      pv_block<V, VL, L, R, 2>(p, v, dpad, nkeys, alpha, ot, r0, d0);
+    if (d0 < dpad) pv_block<V, VL, L, R, 1>(p, v, dpad, nkeys, alpha, ot, r0, d0);
   }
 }
 
@@ -238,38 +255,43 @@ BF_INLINE void pv_tile(const float* BF_RESTRICT p, const float* BF_RESTRICT v, i
 // Same non-finite rules as softmax_step (NaN propagates through p; while all scores
 // so far are -inf the offset is 0, so p = 0 and a row with no finite score ends with
 // l = 0 and is written as zeros).
-template <int L>
+template <typename V, int VL, int QV>
 BF_INLINE void softmax_lanes(float* BF_RESTRICT st, int64_t nkeys, float* BF_RESTRICT m,
                              float* BF_RESTRICT l, float* BF_RESTRICT alpha) {
+  constexpr int L = QV * VL;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  // The max in four interleaved chains (the order does not matter, NaN included: a
-  // NaN score makes its own p NaN whatever the max is).
-  float mx[L], mx1[L], mx2[L], mx3[L], off[L], sum[L];
-  for (int c = 0; c < L; ++c) mx[c] = mx1[c] = mx2[c] = mx3[c] = m[c];
+  // The max in two interleaved chains per vector (the order does not matter, NaN
+  // included: a NaN score makes its own p NaN whatever the max is). Every running
+  // value is a vector variable, so it stays in a register.
+  V mx[QV], mx1[QV], off[QV], a[QV], sum[QV];
+  for (int c = 0; c < QV; ++c) mx[c] = mx1[c] = load_v<V>(m + c * VL);
   int64_t j = 0;
-  for (; j + 4 <= nkeys; j += 4)
-    for (int c = 0; c < L; ++c) {
-      mx[c] = fmax_(mx[c], st[j * L + c]);
-      mx1[c] = fmax_(mx1[c], st[(j + 1) * L + c]);
-      mx2[c] = fmax_(mx2[c], st[(j + 2) * L + c]);
-      mx3[c] = fmax_(mx3[c], st[(j + 3) * L + c]);
+  for (; j + 2 <= nkeys; j += 2)
+    for (int c = 0; c < QV; ++c) {
+      const V s0 = load_v<V>(st + j * L + c * VL), s1 = load_v<V>(st + (j + 1) * L + c * VL);
+      mx[c] = mx[c] > s0 ? mx[c] : s0;
+      mx1[c] = mx1[c] > s1 ? mx1[c] : s1;
     }
   for (; j < nkeys; ++j)
-    for (int c = 0; c < L; ++c) mx[c] = fmax_(mx[c], st[j * L + c]);
-  for (int c = 0; c < L; ++c) mx[c] = fmax_(fmax_(mx[c], mx1[c]), fmax_(mx2[c], mx3[c]));
-  for (int c = 0; c < L; ++c) {
-    off[c] = mx[c] == kNegInf ? 0.0f : mx[c];
-    alpha[c] = fast_exp(m[c] - off[c]);  // exp(-inf) == 0 on the first block
-    m[c] = mx[c];
-    sum[c] = 0.0f;
+    for (int c = 0; c < QV; ++c) {
+      const V s0 = load_v<V>(st + j * L + c * VL);
+      mx[c] = mx[c] > s0 ? mx[c] : s0;
+    }
+  for (int c = 0; c < QV; ++c) {
+    mx[c] = mx[c] > mx1[c] ? mx[c] : mx1[c];
+    off[c] = mx[c] == kNegInf ? V{} : mx[c];
+    a[c] = fast_exp(load_v<V>(m + c * VL) - off[c]);  // exp(-inf) == 0 on the first block
+    store_v<V>(alpha + c * VL, a[c]);
+    store_v<V>(m + c * VL, mx[c]);
+    sum[c] = V{};
   }
   for (int64_t j = 0; j < nkeys; ++j)
-    for (int c = 0; c < L; ++c) {
-      const float p = fast_exp(st[j * L + c] - off[c]);
-      st[j * L + c] = p;
+    for (int c = 0; c < QV; ++c) {
+      const V p = fast_exp(load_v<V>(st + j * L + c * VL) - off[c]);
+      store_v<V>(st + j * L + c * VL, p);
       sum[c] += p;
     }
-  for (int c = 0; c < L; ++c) l[c] = l[c] * alpha[c] + sum[c];
+  for (int c = 0; c < QV; ++c) store_v<V>(l + c * VL, load_v<V>(l + c * VL) * a[c] + sum[c]);
 }
 
 // Prefetches `bytes` bytes at q, q + hidden and q + 2 hidden (one token's Q, K and V
@@ -284,12 +306,12 @@ BF_INLINE void prefetch_qkv_row(const T* q, int64_t hidden, int64_t bytes) {
 }
 
 // One task: query rows [q0, q0 + BLOCK_M) of head h of sequence sq.
-template <typename T, typename V, int VL, int QV, int KJ>
+template <typename T, typename V, int VL, int QV, int KJ, int R>
 BF_INLINE void attention_task(T* out, const T* qkv, const Sequence& sq, int64_t h, int64_t q0,
                               int64_t num_heads, int64_t hidden, float scale, Scratch& sc) {
   constexpr int L = QV * VL;
   const int64_t d = hidden / num_heads;
-  const int64_t dpad = (d + KJ - 1) / KJ * KJ;
+  const int64_t dpad = (d + VL - 1) / VL * VL;
   const int64_t ld = 3 * hidden;
   const T* base = qkv + sq.token0 * ld;
   T* obase = out + sq.token0 * hidden + h * d;
@@ -351,13 +373,14 @@ BF_INLINE void attention_task(T* out, const T* qkv, const Sequence& sq, int64_t 
     for (int64_t kb = 0; kb < nk; kb += BLOCK_N) {
       const int64_t valid = std::min<int64_t>(BLOCK_N, nk - kb);  // real keys in this block
       score_tile<V, VL, QV, KJ>(qt, kp + kb * d, d, valid, st);
-      softmax_lanes<L>(st, valid, m, l, alpha);
-      pv_tile<V, VL, QV, KJ>(st, vp + kb * dpad, dpad, valid, alpha, ot);
+      softmax_lanes<V, VL, QV>(st, valid, m, l, alpha);
+      pv_tile<V, VL, QV, R>(st, vp + kb * dpad, dpad, valid, alpha, ot);
     }
     for (int r = 0; r < nr; ++r) {
       const float inv = l[r] == 0.0f ? 1.0f : 1.0f / l[r];  // l == 0: all scores -inf
       T* o = obase + qrows[g + r] * hidden;
-      for (int64_t dd = 0; dd < d; ++dd) o[dd] = from_f32<T>(ot[dd * L + r] * inv);
+      const float* BF_RESTRICT orow = ot + r * dpad;
+      for (int64_t dd = 0; dd < d; ++dd) o[dd] = from_f32<T>(orow[dd] * inv);
     }
   }
 }
@@ -742,14 +765,14 @@ template <typename T>
 __attribute__((target("arch=x86-64-v4,prefer-vector-width=512"))) __attribute__((noinline)) void
 task_avx512(T* out, const T* qkv, const Sequence& sq, int64_t h, int64_t q0, int64_t num_heads,
             int64_t hidden, float scale, Scratch& sc) {
-  attention_task<T, v16f, 16, 2, 8>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+  attention_task<T, v16f, 16, 2, 8, 8>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
 }
 
 template <typename T>
 __attribute__((noinline)) void task_avx2(T* out, const T* qkv, const Sequence& sq, int64_t h,
                                          int64_t q0, int64_t num_heads, int64_t hidden, float scale,
                                          Scratch& sc) {
-  attention_task<T, v8f, 8, 2, 4>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+  attention_task<T, v8f, 8, 2, 4, 4>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
 }
 
 // The micro-kernels a call runs on, best first. BERTFAST_CPU_ATTENTION_ISA forces a

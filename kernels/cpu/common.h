@@ -180,30 +180,48 @@ inline int threads_for(int64_t work, int64_t grain, int requested) {
 BF_INLINE float fmin_(float a, float b) { return a < b ? a : b; }
 BF_INLINE float fmax_(float a, float b) { return a > b ? a : b; }
 
+// fp32 vectors for kernels written with GCC vector extensions (no intrinsics; one
+// source for AVX-512, AVX2 and any other target), aligned(4): unaligned loads are
+// fine. Arithmetic, comparisons and ?: work lane by lane, a scalar operand in every
+// lane; bits_of / float_of reinterpret, like f32_to_bits / bits_to_f32 for a float.
+typedef float v8f __attribute__((vector_size(32), aligned(4)));
+typedef float v16f __attribute__((vector_size(64), aligned(4)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+BF_INLINE uint32_t bits_of(float f) { return f32_to_bits(f); }
+BF_INLINE v8u bits_of(v8f f) { return reinterpret_cast<v8u>(f); }
+BF_INLINE v16u bits_of(v16f f) { return reinterpret_cast<v16u>(f); }
+BF_INLINE float float_of(uint32_t u) { return bits_to_f32(u); }
+BF_INLINE v8f float_of(v8u u) { return reinterpret_cast<v8f>(u); }
+BF_INLINE v16f float_of(v16u u) { return reinterpret_cast<v16f>(u); }
+
 // NaN-propagating clamp to [lo, hi]: a NaN x stays NaN (fmin_/fmax_ would pick a
-// bound), so the exp below returns NaN for NaN as std::exp does.
-BF_INLINE float clamp_keep_nan(float x, float lo, float hi) {
-  const float a = x < lo ? lo : x;
-  return a > hi ? hi : a;
+// bound), so the exp below returns NaN for NaN as std::exp does. F: float or a vector.
+template <typename F>
+BF_INLINE F clamp_keep_nan(F x, float lo, float hi) {
+  const F a = x < lo ? F{} + lo : x;
+  return a > hi ? F{} + hi : a;
 }
 
-// exp(x) for fp32, relative error ~1e-7, vectorisable. Returns exactly 0 below
-// -87.3 (so exp(-inf) == 0), saturates near 2^127 above 88.3, and NaN for NaN
-// (the clamp keeps it, and n is read from the float's bits, not converted).
-BF_INLINE float fast_exp(float x) {
+// exp(x) for fp32, relative error ~1e-7, on a float or lane by lane on a vector (the
+// same operations, so the same result). Returns exactly 0 below -87.3 (so exp(-inf)
+// == 0), saturates near 2^127 above 88.3, and NaN for NaN (the clamp keeps it, and n
+// is read from the float's bits, not converted).
+template <typename F>
+BF_INLINE F fast_exp(F x) {
   const float lo = -87.3f, hi = 88.3f;
-  const float xc = clamp_keep_nan(x, lo, hi);
+  const F xc = clamp_keep_nan(x, lo, hi);
   // n = round(x / ln2) via the 1.5 * 2^23 trick (exact for |n| < 2^22): the sum's
   // low mantissa bits hold n + 2^22, read as an integer (no float -> int
   // conversion, which is undefined for NaN).
-  const float big = xc * 1.44269504088896341f + 12582912.0f;
-  const float n = big - 12582912.0f;
-  const uint32_t ni = f32_to_bits(big) - f32_to_bits(12582912.0f);  // n mod 2^32
+  const F big = xc * 1.44269504088896341f + 12582912.0f;
+  const F n = big - 12582912.0f;
+  const auto ni = bits_of(big) - f32_to_bits(12582912.0f);  // n mod 2^32
   // r = x - n ln2 in two steps (Cody-Waite), |r| <= ln2 / 2.
-  float r = n * -0.693145751953125f + xc;
+  F r = n * -0.693145751953125f + xc;
   r = n * -1.428606765330187045e-06f + r;
   // e^r by its Taylor series to degree 7 (truncation < 6e-9 for |r| <= 0.347).
-  float p = 1.0f / 5040.0f;
+  F p = F{} + 1.0f / 5040.0f;
   p = p * r + 1.0f / 720.0f;
   p = p * r + 1.0f / 120.0f;
   p = p * r + 1.0f / 24.0f;
@@ -211,9 +229,9 @@ BF_INLINE float fast_exp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const float scale = bits_to_f32((ni + 127u) << 23);  // 2^n
-  const float e = p * scale;                           // NaN when x is NaN (p is)
-  return x < lo ? 0.0f : e;
+  const F scale = float_of((ni + 127u) << 23);  // 2^n
+  const F e = p * scale;                        // NaN when x is NaN (p is)
+  return x < lo ? F{} : e;
 }
 
 // GELU with the exact (erf) form: x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2.

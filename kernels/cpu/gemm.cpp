@@ -34,9 +34,6 @@ namespace bertfast {
 namespace cpu {
 namespace {
 
-typedef float v8g __attribute__((vector_size(32), aligned(4)));
-typedef float v16g __attribute__((vector_size(64), aligned(4)));
-
 constexpr int64_t MB = 64;  // rows per task
 constexpr int64_t KC = 64;  // reduction chunk summed in registers
 
@@ -188,9 +185,9 @@ __attribute__((target("arch=x86-64-v4"))) __attribute__((noinline)) void tile_fe
     const float* x, const float* packed, const float* bias, float* out, int64_t M, int64_t N,
     int64_t K, int64_t PW, int64_t p) {
   if (PW == 64) {
-    gemm_tile_few_rows<v16g, 16, 4, 4, ACT>(x, packed, bias, out, M, N, K, p);
+    gemm_tile_few_rows<v16f, 16, 4, 4, ACT>(x, packed, bias, out, M, N, K, p);
   } else {  // PW == 32
-    gemm_tile_few_rows<v16g, 16, 8, 2, ACT>(x, packed, bias, out, M, N, K, p);
+    gemm_tile_few_rows<v16f, 16, 8, 2, ACT>(x, packed, bias, out, M, N, K, p);
   }
 }
 
@@ -221,14 +218,14 @@ template <int ACT>
 __attribute__((target("arch=x86-64-v4"))) __attribute__((noinline)) void tile_avx512(
     const float* x, const float* packed, const float* bias, float* out, int64_t M, int64_t N,
     int64_t K, int64_t PW, int64_t mb, int64_t p) {
-  gemm_tile<v16g, 16, 8, 2, ACT>(x, packed, bias, out, M, N, K, PW, mb, p);
+  gemm_tile<v16f, 16, 8, 2, ACT>(x, packed, bias, out, M, N, K, PW, mb, p);
 }
 
 template <int ACT>
 __attribute__((noinline)) void tile_avx2(const float* x, const float* packed, const float* bias,
                                          float* out, int64_t M, int64_t N, int64_t K, int64_t PW,
                                          int64_t mb, int64_t p) {
-  gemm_tile<v8g, 8, 4, 2, ACT>(x, packed, bias, out, M, N, K, PW, mb, p);
+  gemm_tile<v8f, 8, 4, 2, ACT>(x, packed, bias, out, M, N, K, PW, mb, p);
 }
 
 bool use_avx512(bool allow_avx512) {
