@@ -183,17 +183,28 @@ BF_INLINE float fmax_(float a, float b) { return a > b ? a : b; }
 // fp32 vectors for kernels written with GCC vector extensions (no intrinsics; one
 // source for AVX-512, AVX2 and any other target), aligned(4): unaligned loads are
 // fine. Arithmetic, comparisons and ?: work lane by lane, a scalar operand in every
-// lane; bits_of / float_of reinterpret, like f32_to_bits / bits_to_f32 for a float.
+// lane.
 typedef float v8f __attribute__((vector_size(32), aligned(4)));
 typedef float v16f __attribute__((vector_size(64), aligned(4)));
-typedef uint32_t v8u __attribute__((vector_size(32)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
-BF_INLINE uint32_t bits_of(float f) { return f32_to_bits(f); }
-BF_INLINE v8u bits_of(v8f f) { return reinterpret_cast<v8u>(f); }
-BF_INLINE v16u bits_of(v16f f) { return reinterpret_cast<v16u>(f); }
-BF_INLINE float float_of(uint32_t u) { return bits_to_f32(u); }
-BF_INLINE v8f float_of(v8u u) { return reinterpret_cast<v8f>(u); }
-BF_INLINE v16f float_of(v16u u) { return reinterpret_cast<v16f>(u); }
+
+// The uint32 type as wide as F (a float or a vector of them), and a bit-for-bit
+// reinterpretation between same-size types (templates, so a vector is only
+// instantiated where a kernel uses it).
+template <typename F>
+struct UintOf {
+  typedef uint32_t type __attribute__((vector_size(sizeof(F))));
+};
+template <>
+struct UintOf<float> {
+  typedef uint32_t type;
+};
+template <typename To, typename From>
+BF_INLINE To bit_cast_(From f) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast_ between sizes");
+  To t;
+  std::memcpy(&t, &f, sizeof(t));
+  return t;
+}
 
 // NaN-propagating clamp to [lo, hi]: a NaN x stays NaN (fmin_/fmax_ would pick a
 // bound), so the exp below returns NaN for NaN as std::exp does. F: float or a vector.
@@ -216,7 +227,8 @@ BF_INLINE F fast_exp(F x) {
   // conversion, which is undefined for NaN).
   const F big = xc * 1.44269504088896341f + 12582912.0f;
   const F n = big - 12582912.0f;
-  const auto ni = bits_of(big) - f32_to_bits(12582912.0f);  // n mod 2^32
+  using U = typename UintOf<F>::type;
+  const U ni = bit_cast_<U>(big) - f32_to_bits(12582912.0f);  // n mod 2^32
   // r = x - n ln2 in two steps (Cody-Waite), |r| <= ln2 / 2.
   F r = n * -0.693145751953125f + xc;
   r = n * -1.428606765330187045e-06f + r;
@@ -229,8 +241,8 @@ BF_INLINE F fast_exp(F x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const F scale = float_of((ni + 127u) << 23);  // 2^n
-  const F e = p * scale;                        // NaN when x is NaN (p is)
+  const F scale = bit_cast_<F>((ni + 127u) << 23);  // 2^n
+  const F e = p * scale;                            // NaN when x is NaN (p is)
   return x < lo ? F{} : e;
 }
 
