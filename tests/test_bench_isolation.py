@@ -78,3 +78,23 @@ def test_timed_settles_before_its_block(tmp_path, isolation):
         assert _calls(log) >= 5 + 1 + 2  # at least one untimed call before the block
     finally:
         runner.close()
+
+
+def test_gemm_ceiling_counts_the_packed_gemms_a_model_runs():
+    """The ceiling's packed-weight GEMMs (the forms ``from_pretrained`` packs a weight
+    into) compute ``a @ b.T`` (checked against torch), one per form the machine has,
+    and the ceiling they feed is a positive throughput."""
+    pytest.importorskip("bertfast._C")
+    from bertfast.bench.timing import gemm_ceiling, packed_gemms
+    from bertfast.ops import cpu_weights
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(70, 96, generator=g), torch.randn(128, 96, generator=g)
+    fns = packed_gemms(a, b)
+    forms = 1 + (cpu_weights.storage_for(torch.float32, "onednn") == "onednn")
+    assert len(fns) == forms
+    for fn in fns.values():
+        torch.testing.assert_close(fn(), a @ b.T, rtol=1e-5, atol=1e-4)
+    # fp16 has no packed form: nothing to add, nothing raised
+    assert packed_gemms(a.half(), b.half()) == {}
+    assert gemm_ceiling("cpu", torch.float32, n=64, budget_s=0.02, with_bertfast=True) > 0

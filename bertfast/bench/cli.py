@@ -172,7 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"# bertfast bench: {_model_name(path)} on "
         f"{device_name(args.device)}, {dtype}, {torch.get_num_threads()} threads; "
-        f"GEMM ceiling {ceiling:.0f} GFLOP/s (best 2048^3 of torch.mm and bertfast.ops.linear)"
+        f"GEMM ceiling {ceiling:.0f} GFLOP/s (best 2048^3 of torch.mm and bertfast.ops.linear, "
+        f"plain and packed as a loaded model's weights)"
     )
     if cpu:
         print(f"# CPU: {cpu['model']}; flags: {' '.join(cpu['flags'] or []) or 'unknown'}")
