@@ -15,23 +15,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
 import bertfast
 from bertfast import presets
+from bertfast.bench.timing import measure
 from bertfast.ops import cpu as cpu_ops
-
-
-def _median_ms(run, seconds: float) -> float:
-    times = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end or len(times) < 5:
-        t = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 def main() -> None:
@@ -66,8 +56,8 @@ def main() -> None:
         for r in range(args.rounds):
             for fused in (True, False) if r % 2 == 0 else (False, True):
                 cpu_ops.FUSED_LAYER = fused
-                run()
-                res[fused].append(_median_ms(run, args.seconds))
+                stats = measure(run, "cpu", warmup=1, max_rounds=10**6, budget_s=args.seconds)
+                res[fused].append(stats.median * 1e3)
         cpu_ops.FUSED_LAYER = True
         a, b = statistics.median(res[True]), statistics.median(res[False])
         print(f"{shape:>7s} {a:10.3f} {b:9.3f} {b / a:19.3f}")

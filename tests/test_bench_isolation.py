@@ -89,10 +89,12 @@ def test_gemm_ceiling_counts_the_packed_gemms_a_model_runs():
     from bertfast.ops import cpu_weights
 
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(70, 96, generator=g), torch.randn(128, 96, generator=g)
+    # 256 rows: above SMALL_ROWS and a oneDNN size, so the oneDNN form runs on oneDNN
+    rows = 2 * cpu_weights.SMALL_ROWS
+    assert cpu_weights.onednn_rows(rows) == rows
+    a, b = torch.randn(rows, 96, generator=g), torch.randn(128, 96, generator=g)
     fns = packed_gemms(a, b)
-    forms = 1 + (cpu_weights.storage_for(torch.float32, "onednn") == "onednn")
-    assert len(fns) == forms
+    assert len(fns) == 1 + cpu_weights.ONEDNN  # the C++ GEMM's panels, and oneDNN's form
     for fn in fns.values():
         torch.testing.assert_close(fn(), a @ b.T, rtol=1e-5, atol=1e-4)
     # fp16 has no packed form: nothing to add, nothing raised
