@@ -42,6 +42,14 @@ canonical                          what
 ALBERT layers are stored once per (group, inner layer): ``layers.{g * inner_group_num
 + j}``; ``EncoderConfig.layer_schedule()`` maps depth to them.
 
+Before any weight is read, the weight files' keys and shapes are listed from their
+headers (safetensors) or pickled metadata (``torch.load(mmap=True)``), and
+:func:`check_sizes` bounds every size in the config by what the weights hold: layer
+count (ALBERT: groups and inner layers), hidden, embedding width, intermediate,
+vocabulary, positions, token types (heads are bounded by hidden in ``config.py``). So
+a config claiming a million layers fails at once, not after building a million
+layers' worth of names.
+
 Loading is tensor by tensor: only the weights the chosen head needs are read, each
 is cast to the requested dtype and moved to the device as it is read, and the Q/K/V
 parts of a layer are freed as soon as they are concatenated, so no second full copy
@@ -49,9 +57,12 @@ of the model is ever held. Every problem raises :class:`CheckpointError` (one cl
 for the package, a ``ValueError``; a missing folder or file is also a
 ``FileNotFoundError``) before anything is returned: missing or unreadable folder,
 missing or corrupt weight file, a shard path in an index file that leaves the folder
-(absolute, ``..``, or a symlink out of it), unknown model_type, a bad config field, a
-weight of the wrong shape or of a non-floating dtype, layers or token-type weights
-the config does not declare, missing weights.
+(absolute, ``..``, or a symlink out of it; :func:`~bertfast.validate.checkpoint_file`),
+unknown model_type, a bad config field, a config size larger than the weights hold, a
+weight of the wrong shape or of a non-floating dtype, layers or token-type weights the
+config does not declare, missing weights. Every message is one short line whatever
+the files hold: echoed values are shortened, and a list of missing weights shows the
+first few and how many more.
 """
 
 from __future__ import annotations
@@ -60,21 +71,31 @@ import bisect
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 
 from .config import EncoderConfig
 from .heads import head_weight_specs, resolve_head
-from .validate import CheckpointError, CheckpointNotFoundError, checkpoint_folder
+from .validate import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    checkpoint_file,
+    checkpoint_folder,
+    first_few,
+    one_line,
+    short_repr,
+)
 
 __all__ = [
     "CheckpointError",
     "encoder_weight_specs",
     "canonical_name",
+    "check_sizes",
     "convert",
     "load_checkpoint",
     "find_weight_files",
+    "weight_shapes",
     "file_backed",
 ]
 
@@ -227,6 +248,8 @@ def _match(cfg: EncoderConfig, key: str):
     """``(canonical name, qkv part, stored layer index)`` for a checkpoint key, whatever
     the config's layer count (``index`` None outside layers), or None when no table
     row matches. For ALBERT the index is ``(group, inner)``."""
+    if not isinstance(key, str):
+        return None
     prefix = PREFIXES[cfg.family]
     if key.startswith(prefix):
         key = key[len(prefix) :]
@@ -301,6 +324,121 @@ def encoder_weight_specs(cfg: EncoderConfig) -> dict[str, tuple]:
     return s
 
 
+# ------------------------------------------------------------------ size bounds
+# The config sizes each weight's axes hold (layer weights named without their
+# ``layers.{i}.`` prefix; the Q/K/V parts are left out, attn_out carries H).
+_SIZE_AXES = {
+    "embeddings.word": ("vocab_size", "embedding_size"),
+    "embeddings.position": ("max_position_embeddings", "embedding_size"),
+    "embeddings.token_type": ("type_vocab_size", "embedding_size"),
+    "embeddings.project.weight": ("hidden_size", "embedding_size"),
+    "attn_out.weight": ("hidden_size", "hidden_size"),
+    "ffn_in.weight": ("intermediate_size", "hidden_size"),
+    "ffn_out.weight": ("hidden_size", "intermediate_size"),
+}
+_SIZE_ORDER = (
+    "hidden_size",
+    "embedding_size",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
+
+
+def _says(cfg: EncoderConfig, field: str) -> str:
+    """``config.json says <key>=<value>`` for a normalised size field."""
+    value = short_repr(getattr(cfg, field))
+    key = cfg.keys.get(field)
+    if key is None:
+        return f"config.json leaves {field} at its default {value}"
+    return f"config.json says {key}={value}"
+
+
+def _span(prefix: str, indices: Iterable[int]) -> str:
+    """``layers.0 .. layers.5`` for contiguous indices from 0, else the first few."""
+    indices = sorted(indices)
+    if not indices:
+        return "none"
+    if indices == list(range(len(indices))) and len(indices) > 1:
+        return f"{prefix}0 .. {prefix}{indices[-1]}"
+    return first_few(f"{prefix}{i}" for i in indices)
+
+
+def _first_gap(indices: set) -> int:
+    i = 0
+    while i in indices:
+        i += 1
+    return i
+
+
+def check_sizes(cfg: EncoderConfig, shapes: Mapping[str, tuple], source: str = "checkpoint"):
+    """Refuse a config that claims more than the weights hold, from the weights' keys
+    and shapes alone (``weight_shapes``), before anything proportional to a config
+    size is built: the layer count (ALBERT: groups, inner layers, and their product)
+    by the layers present, each of hidden, embedding width, intermediate, vocabulary,
+    positions and token types by the largest matching axis of the weights that carry
+    it. After this every loop over layers (``encoder_weight_specs``) is bounded by the
+    number of keys in the files. A config that claims less than the weights hold is
+    left to :func:`convert` (a wrong shape, layers the config does not declare), and
+    so is a weight that is missing altogether."""
+    layers: set = set()  # stored layer indices present (ALBERT: (group, inner))
+    held: dict[str, tuple[int, str, tuple]] = {}  # field -> (largest size, key, shape)
+    for key, shape in shapes.items():
+        found = _match(cfg, key)
+        if found is None:
+            continue
+        name, part, index = found
+        if index is not None:
+            layers.add(index)
+            name = name.split(".", 2)[2]
+        if part is not None:
+            continue
+        for field, size in zip(_SIZE_AXES.get(name, ()), shape):
+            if field not in held or size > held[field][0]:
+                held[field] = (size, key, tuple(shape))
+    _check_layer_count(cfg, layers, source)
+    for field in _SIZE_ORDER:
+        if field not in held:  # a missing weight: convert lists it
+            continue
+        size, key, shape = held[field]
+        if getattr(cfg, field) > size:
+            raise CheckpointError(
+                f"{source}: {_says(cfg, field)}, but the weights hold {size} ({one_line(key)} "
+                f"has shape {shape}); fix {cfg.keys.get(field, field)} to match the weights"
+            )
+
+
+def _check_layer_count(cfg: EncoderConfig, layers: set, source: str) -> None:
+    if cfg.family != "albert":
+        if cfg.num_layers > len(layers):
+            gap = _first_gap(layers)
+            raise CheckpointError(
+                f"{source}: {_says(cfg, 'num_layers')}, but the weights hold {len(layers)} "
+                f"layer(s) ({_span('layers.', layers)}), none for layers.{gap} "
+                f"(layers.{gap}.qkv.weight, ...); fix {cfg.keys.get('num_layers', 'num_layers')} "
+                f"to match the weights"
+            )
+        return
+    groups = {g for g, _ in layers}
+    inner = {j for _, j in layers}
+    for field, count, have, what in (
+        ("num_hidden_groups", cfg.num_hidden_groups, groups, "layer group(s)"),
+        ("inner_group_num", cfg.inner_group_num, inner, "layer(s) per group"),
+    ):
+        if count > len(have):
+            raise CheckpointError(
+                f"{source}: {_says(cfg, field)}, but the weights hold {len(have)} {what} "
+                f"({_span('', have)}); fix {field} to match the weights"
+            )
+    if cfg.num_stored_layers > len(layers):
+        raise CheckpointError(
+            f"{source}: config.json says num_hidden_groups={short_repr(cfg.num_hidden_groups)} "
+            f"x inner_group_num={short_repr(cfg.inner_group_num)} layers, but the weights "
+            f"hold {len(layers)} (group, inner layer) pair(s); fix them to match the weights"
+        )
+
+
 # ------------------------------------------------------------------ conversion
 def convert(
     cfg: EncoderConfig,
@@ -316,7 +454,9 @@ def convert(
     cast to ``dtype`` on ``device`` as they are read (a new tensor; the source is
     never modified). Raises :class:`CheckpointError` on a wrong shape, a non-floating
     weight, layers or token-type weights the config does not declare, or missing
-    weights.
+    weights. The weight names it expects are built from ``cfg``'s sizes: for a config
+    read from files, bound them by the weights first (:func:`check_sizes`, as
+    :func:`load_checkpoint` does).
     """
     required = encoder_weight_specs(cfg)
     head_req, optional = head_weight_specs(cfg, head)
@@ -353,32 +493,32 @@ def convert(
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else "?"
             raise CheckpointError(
                 f"{source}: config.json says type_vocab_size={cfg.type_vocab_size}, but the "
-                f"weights hold token-type embeddings {key} of shape {shape}; set "
+                f"weights hold token-type embeddings {one_line(key)} of shape {shape}; set "
                 f"type_vocab_size to the number of rows of that tensor"
             )
         if name not in wanted or name in out:
             continue
         t = get()
         if not isinstance(t, torch.Tensor):
-            raise CheckpointError(f"{source}: {key} is not a tensor")
+            raise CheckpointError(f"{source}: {one_line(key)} is not a tensor")
         if not t.is_floating_point():
             raise CheckpointError(
-                f"{source}: weight {key} (bertfast {name}) has dtype {t.dtype}; weights must "
-                f"be floating point (float32, float16 or bfloat16)"
+                f"{source}: weight {one_line(key)} (bertfast {name}) has dtype {t.dtype}; "
+                f"weights must be floating point (float32, float16 or bfloat16)"
             )
         if part is None:
             if tuple(t.shape) != tuple(wanted[name]):
                 raise CheckpointError(
-                    f"{source}: weight {key} (bertfast {name}) has shape {tuple(t.shape)}, "
-                    f"expected {tuple(wanted[name])}"
+                    f"{source}: weight {one_line(key)} (bertfast {name}) has shape "
+                    f"{tuple(t.shape)}, expected {_shape(wanted[name])}"
                 )
             out[name] = cast(t)
         else:
             expect = (H, H) if name.endswith("weight") else (H,)
             if tuple(t.shape) != expect:
                 raise CheckpointError(
-                    f"{source}: weight {key} (part {'QKV'[part]} of bertfast {name}) has shape "
-                    f"{tuple(t.shape)}, expected {expect}"
+                    f"{source}: weight {one_line(key)} (part {'QKV'[part]} of bertfast {name}) "
+                    f"has shape {tuple(t.shape)}, expected {_shape(expect)}"
                 )
             parts = pending.setdefault(name, [None, None, None])
             parts[part] = cast(t)
@@ -412,9 +552,14 @@ def convert(
         ]
         raise CheckpointError(
             f"{source}: missing {len(missing)} weight(s) needed by the {cfg.model_type} encoder "
-            f"and the {head!r} head: {', '.join(detail)}"
+            f"and the {head!r} head: {first_few(detail)}"
         )
     return out
+
+
+def _shape(shape: tuple) -> str:
+    """An expected shape for a message (its sizes come from the config: shortened)."""
+    return "(" + ", ".join(short_repr(n) for n in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def _refuse_extra_layers(cfg: EncoderConfig, extra, source: str) -> None:
@@ -426,52 +571,23 @@ def _refuse_extra_layers(cfg: EncoderConfig, extra, source: str) -> None:
         inner = max(cfg.inner_group_num, max(i[1] for i, _ in extra) + 1)
         raise CheckpointError(
             f"{source}: the weights hold {groups} layer group(s) of {inner} layer(s) "
-            f"(e.g. {key}), but config.json says num_hidden_groups={cfg.num_hidden_groups}, "
-            f"inner_group_num={cfg.inner_group_num}; fix the config to match the weights"
+            f"(e.g. {one_line(key)}), but config.json says num_hidden_groups="
+            f"{cfg.num_hidden_groups}, inner_group_num={cfg.inner_group_num}; fix the config "
+            f"to match the weights"
         )
+    field = cfg.keys.get("num_layers", "num_hidden_layers")
     raise CheckpointError(
-        f"{source}: the weights hold {index + 1} layers (e.g. {key}), but config.json says "
-        f"num_hidden_layers={cfg.num_layers}; fix num_hidden_layers to match the weights"
+        f"{source}: the weights hold {index + 1} layers (e.g. {one_line(key)}), but "
+        f"config.json says {field}={cfg.num_layers}; fix {field} to match the weights"
     )
 
 
 # ---------------------------------------------------------------------- files
-def _inside(path: str, root: str) -> bool:
-    try:
-        return os.path.commonpath([path, root]) == root
-    except ValueError:  # different drives
-        return False
-
-
 def _weight_file(folder: str, name, index: str | None = None) -> str:
-    """``folder/name``, refused unless it stays inside the checkpoint folder: no
-    absolute path, no ``..``, no symlink out of the folder (except into the
-    ``blobs`` of the Hugging Face cache repo a snapshot folder belongs to)."""
-    where = f"{index} names" if index else "weight file"
-    if not isinstance(name, str) or not name:
-        raise CheckpointError(f"{folder}: {where} {name!r}, which is not a file name")
-    if os.path.isabs(name) or name.startswith(("/", "\\")) or os.path.splitdrive(name)[0]:
-        raise CheckpointError(
-            f"{folder}: {where} the absolute path {name!r}; shard files "
-            f"must be named relative to the checkpoint folder"
-        )
-    if ".." in name.replace("\\", "/").split("/"):
-        raise CheckpointError(
-            f"{folder}: {where} {name!r}, which leaves the checkpoint "
-            f"folder; shard files must lie inside it"
-        )
-    path = os.path.join(folder, name)
-    root = os.path.realpath(folder)
-    real = os.path.realpath(path)
-    if not _inside(real, root):
-        snapshots = os.path.dirname(root)
-        blobs = os.path.join(os.path.dirname(snapshots), "blobs")
-        if not (os.path.basename(snapshots) == "snapshots" and _inside(real, blobs)):
-            raise CheckpointError(
-                f"{folder}: {where} {name!r}, a symlink to {real}, outside the checkpoint "
-                f"folder; copy the file into the folder instead"
-            )
-    return path
+    """``folder/name``, refused unless it stays inside the checkpoint folder
+    (:func:`~bertfast.validate.checkpoint_file`: no absolute path, no ``..``, no
+    symlink out of the folder except into a Hugging Face cache repo's ``blobs``)."""
+    return checkpoint_file(folder, name, f"{index} names" if index else "weight file")
 
 
 def find_weight_files(folder: str) -> tuple[str, list[str]]:
@@ -490,9 +606,9 @@ def find_weight_files(folder: str) -> tuple[str, list[str]]:
             try:
                 with open(p(index), encoding="utf-8") as f:
                     weight_map = json.load(f)["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+            except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
                 raise CheckpointError(
-                    f"{p(index)} is not a valid shard index: {type(exc).__name__}: {exc}"
+                    f"{p(index)} is not a valid shard index: {type(exc).__name__}: {one_line(exc)}"
                 ) from exc
             if not isinstance(weight_map, dict):
                 raise CheckpointError(
@@ -502,14 +618,16 @@ def find_weight_files(folder: str) -> tuple[str, list[str]]:
             for key, shard in weight_map.items():
                 if not isinstance(shard, str):
                     raise CheckpointError(
-                        f"{p(index)}: weight_map[{key!r}] must be a shard file name, got {shard!r}"
+                        f"{p(index)}: weight_map[{short_repr(key)}] must be a shard file name, "
+                        f"got {short_repr(shard)}"
                     )
             shards = sorted(set(weight_map.values()))
             paths = [_weight_file(folder, s, index) for s in shards]
             absent = [s for s, path in zip(shards, paths) if not os.path.isfile(path)]
             if absent:
                 raise CheckpointNotFoundError(
-                    f"{folder}: shard(s) named in {index} are missing: {', '.join(absent)}"
+                    f"{folder}: {len(absent)} shard(s) named in {index} are missing: "
+                    f"{first_few(absent)}"
                 )
             return fmt, paths
     if os.path.isfile(p("pytorch_model.bin")):
@@ -520,18 +638,71 @@ def find_weight_files(folder: str) -> tuple[str, list[str]]:
     )
 
 
-def _safetensors_items(files: list[str]) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
+def _safetensors_error(path: str, exc: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"{path} is not a readable safetensors file (truncated or corrupt?): {one_line(exc)}"
+    )
+
+
+def _open_safetensors(path: str):
     from safetensors import safe_open
 
+    try:
+        return safe_open(path, framework="pt", device="cpu")
+    except Exception as exc:  # SafetensorError, OSError: corrupt/truncated header
+        raise _safetensors_error(path, exc) from exc
+
+
+def _load_bin(path: str) -> dict:
+    """A ``.bin`` file's state dict, ``torch.load(weights_only=True)``: memory-mapped
+    (tensor data is read when touched), or read whole for the legacy pre-zip format,
+    which cannot be mapped."""
+    try:
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            sd = torch.load(path, map_location="cpu", weights_only=True)  # legacy format
+    except Exception as exc:
+        raise CheckpointError(
+            f"{path} is not a readable PyTorch weight file (truncated or corrupt?): {one_line(exc)}"
+        ) from exc
+    if not isinstance(sd, dict):
+        raise CheckpointError(f"{path} does not hold a state dict")
+    return sd
+
+
+def weight_shapes(fmt: str, files: list[str]) -> dict[str, tuple[int, ...]]:
+    """Every tensor key in the weight files -> its shape, without reading tensor data:
+    safetensors from the file headers, ``.bin`` from ``torch.load(mmap=True)``'s
+    metadata (a legacy pre-zip ``.bin`` is read whole here and again when loaded).
+    Entries that are not tensors are left out (:func:`convert` names them)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        if fmt == "safetensors":
+            f = _open_safetensors(path)
+            try:
+                for key in f.keys():
+                    shapes[key] = tuple(f.get_slice(key).get_shape())
+            except Exception as exc:
+                raise _safetensors_error(path, exc) from exc
+            finally:
+                del f
+        else:
+            sd = _load_bin(path)
+            for key, t in sd.items():
+                if isinstance(key, str) and isinstance(t, torch.Tensor):
+                    shapes[key] = tuple(t.shape)
+            del sd
+    return shapes
+
+
+def _safetensors_items(files: list[str]) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
     handles = []
     try:
         for path in files:
-            try:
-                handles.append((path, safe_open(path, framework="pt", device="cpu")))
-            except Exception as exc:  # SafetensorError, OSError: corrupt/truncated header
-                raise CheckpointError(
-                    f"{path} is not a readable safetensors file (truncated or corrupt?): {exc}"
-                ) from exc
+            handles.append((path, _open_safetensors(path)))
         for path, f in handles:
             for key in f.keys():
 
@@ -540,7 +711,8 @@ def _safetensors_items(files: list[str]) -> Iterator[tuple[str, Callable[[], tor
                         return f.get_tensor(key)
                     except Exception as exc:
                         raise CheckpointError(
-                            f"{path}: cannot read tensor {key} (truncated or corrupt?): {exc}"
+                            f"{path}: cannot read tensor {one_line(key)} (truncated or "
+                            f"corrupt?): {one_line(exc)}"
                         ) from exc
 
                 yield key, get
@@ -550,19 +722,7 @@ def _safetensors_items(files: list[str]) -> Iterator[tuple[str, Callable[[], tor
 
 def _bin_items(files: list[str]) -> Iterator[tuple[str, Callable[[], torch.Tensor]]]:
     for path in files:
-        try:
-            try:
-                sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except RuntimeError as exc:
-                if "mmap" not in str(exc):
-                    raise
-                sd = torch.load(path, map_location="cpu", weights_only=True)  # legacy format
-        except Exception as exc:
-            raise CheckpointError(
-                f"{path} is not a readable PyTorch weight file (truncated or corrupt?): {exc}"
-            ) from exc
-        if not isinstance(sd, dict):
-            raise CheckpointError(f"{path} does not hold a state dict")
+        sd = _load_bin(path)
         for key in list(sd.keys()):
             t = sd.pop(key)
             yield key, (lambda t=t: t)
@@ -624,6 +784,8 @@ def load_checkpoint(
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     fmt, files = find_weight_files(folder)
+    # Config sizes bounded by the weights before anything proportional to them is built.
+    check_sizes(cfg, weight_shapes(fmt, files), source=folder)
     items = _safetensors_items(files) if fmt == "safetensors" else _bin_items(files)
     try:
         weights = convert(cfg, items, head, dtype=dtype, device=device, source=folder)

@@ -270,23 +270,32 @@ def _stream_error(exc) -> UserError:
     return UserError(str(exc))
 
 
-def _encode_settings(path: Path, args, embedder) -> dict:
-    """What a resumed run must share with the run it continues."""
+def _encode_settings(args, embedder, checkpoint: dict[str, str]) -> dict:
+    """What a resumed run must share with the run it continues: every setting that
+    changes a vector, and the content of the checkpoint's files (``checkpoint``, from
+    bertfast.fingerprint), not its path."""
+    from . import __version__
+
     return {
-        "checkpoint": str(path.resolve()),
+        "bertfast": __version__,
+        "device": str(embedder.device),
         "dtype": args.dtype,
+        "quantize": args.quantize,
+        "backend": args.backend,
         "normalize": embedder.normalize if args.normalize is None else args.normalize,
         "max_length": embedder.max_length,
         "pooling": list(embedder.pooling),
         "field": args.field,
         "keep": list(args.keep),
+        **checkpoint,
     }
 
 
 def cmd_encode(args) -> int:
     """Stream texts from a file into .npy / .parquet / .jsonl, chunk by chunk
     (bertfast.stream), or through Ray Data with --ray."""
-    from . import stream
+    from . import fingerprint, stream
+    from .validate import CheckpointError
 
     args.keep = [k for item in (args.keep or []) for k in item.split(",") if k]
     if args.ray is not None:
@@ -310,15 +319,24 @@ def cmd_encode(args) -> int:
         source = stream.open_source(args.input, in_fmt, args.field, args.keep)
     except stream.StreamError as exc:
         raise _stream_error(exc) from None
+    lock = None
     try:
         path = _checkpoint(args.checkpoint)
         try:
+            # One writer per output: taken before anything is read or loaded.
+            lock = stream.lock_output(output)
             # Every row is checked (and counted) before the model loads.
             scanned = source.scan(args.skip_bad, progress=bool(args.progress))
         except stream.StreamError as exc:
             raise _stream_error(exc) from None
         start = time.perf_counter()
+        # The checkpoint's content fingerprint is hashed while the model loads.
+        pending = fingerprint.start(path)
         embedder = _load_embedder(path, args)
+        try:
+            checkpoint = pending.result()
+        except (OSError, CheckpointError) as exc:
+            raise UserError(f"cannot read checkpoint {path}: {exc}") from None
         loaded = time.perf_counter()
         try:
             summary = stream.encode_stream(
@@ -331,8 +349,9 @@ def cmd_encode(args) -> int:
                 skip_bad=args.skip_bad,
                 resume=args.resume,
                 show_progress=args.progress,
-                settings=_encode_settings(path, args, embedder),
+                settings=_encode_settings(args, embedder, checkpoint),
                 scanned=scanned,
+                lock=lock,
             )
         except stream.StreamError as exc:
             raise _stream_error(exc) from None
@@ -347,6 +366,8 @@ def cmd_encode(args) -> int:
                 )
             raise
     finally:
+        if lock is not None:
+            lock.release()
         source.close()
     normalized = embedder.normalize if args.normalize is None else args.normalize
     shape = (

@@ -21,8 +21,13 @@ are ``arange(seq_len)``) or ``"roberta"`` (ids count non-pad tokens, offset by
 
 A field bertfast cannot use (an unknown ``model_type``, a size that is not a positive
 integer such as ``384.7`` or ``"384x"``, ``hidden_size`` not divisible by the head
-count, ...) raises :class:`~bertfast.validate.CheckpointError` naming the field and
-its value.
+count, so at most ``hidden_size`` heads, ...) raises
+:class:`~bertfast.validate.CheckpointError` naming the field and its value (shortened
+by :func:`~bertfast.validate.short_repr`: one short line whatever the value). Sizes are
+only checked for consistency here; ``checkpoint.check_sizes`` bounds them by the
+weights before anything proportional to them is built. ``EncoderConfig.keys`` records
+which ``config.json`` key each size came from (``n_layers`` for a DistilBERT, ...), so
+messages name the field as the file spells it.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .validate import CheckpointError, CheckpointNotFoundError
+from .validate import CheckpointError, CheckpointNotFoundError, first_few, one_line, short_repr
 
 __all__ = [
     "EncoderConfig",
@@ -82,7 +87,8 @@ def normalize_activation(name: Any, *, what: str = "hidden_act", heads: bool = F
         return "identity"
     if not isinstance(name, str) or name.lower() not in table:
         raise ValueError(
-            f"unsupported activation {what}={name!r}; bertfast supports {', '.join(sorted(table))}"
+            f"unsupported activation {what}={short_repr(name)}; bertfast supports "
+            f"{', '.join(sorted(table))}"
         )
     return table[name.lower()]
 
@@ -115,6 +121,9 @@ class EncoderConfig:
     summary_activation: str = "identity"  # ELECTRA multiple-choice sequence summary
     summary_use_proj: bool = True
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: field name -> the config.json key it was read from (sizes only; a size left at
+    #: its default has no entry)
+    keys: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ derived
     @property
@@ -173,8 +182,8 @@ class EncoderConfig:
         try:
             with open(path, encoding="utf-8") as f:
                 raw = json.load(f)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CheckpointError(f"cannot read {path}: {exc}") from exc
+        except (OSError, ValueError, RecursionError) as exc:  # ValueError: bad JSON
+            raise CheckpointError(f"cannot read {path}: {one_line(exc)}") from exc
         if not isinstance(raw, dict):
             raise CheckpointError(f"{path} does not hold a JSON object")
         return cls.from_dict(raw, source=path)
@@ -191,14 +200,15 @@ class EncoderConfig:
             what = (
                 "has no model_type"
                 if model_type is None
-                else f"has model_type {model_type!r}, which bertfast does not run"
+                else f"has model_type {short_repr(model_type)}, which bertfast does not run"
             )
-            arch = f" (architectures: {', '.join(archs)})" if archs else ""
+            arch = f" (architectures: {first_few(archs, 3)})" if archs else ""
             raise CheckpointError(
                 f"{source} {what}{arch}; bertfast supports the {SUPPORTED_FAMILIES} families "
                 f"(model_type one of {', '.join(sorted(SUPPORTED_MODEL_TYPES))})"
             )
         family = SUPPORTED_MODEL_TYPES[model_type]
+        found: dict[str, str] = {}  # normalised size -> the key it was read from
 
         def need(*keys, default=None, required=True):
             """``(key found, value)``: the first of ``keys`` set in the config."""
@@ -211,24 +221,31 @@ class EncoderConfig:
                 )
             return keys[0], default
 
-        def size(*keys, default=None, minimum=1):
+        def size(*keys, default=None, minimum=1, field=None):
+            """The first of ``keys`` set, as an integer >= ``minimum``; recorded in
+            ``found`` under ``field`` (default: ``keys[0]``) when it is set."""
             key, value = need(*keys, default=default)
+            if key in raw and raw[key] is not None:
+                found[field or keys[0]] = key
             return _integer(source, key, value, minimum)
 
         pos_type = raw.get("position_embedding_type", "absolute") or "absolute"
         if pos_type != "absolute":
             raise CheckpointError(
-                f"{source}: position_embedding_type={pos_type!r} is not supported (only 'absolute')"
+                f"{source}: position_embedding_type={short_repr(pos_type)} is not supported "
+                f"(only 'absolute')"
             )
 
         if family == "distilbert":
-            hidden = size("dim", "hidden_size")
+            hidden = size("dim", "hidden_size", field="hidden_size")
             kw = dict(
                 hidden_size=hidden,
                 embedding_size=hidden,
-                num_layers=size("n_layers", "num_hidden_layers"),
-                num_heads=size("n_heads", "num_attention_heads"),
-                intermediate_size=size("hidden_dim", "intermediate_size"),
+                num_layers=size("n_layers", "num_hidden_layers", field="num_layers"),
+                num_heads=size("n_heads", "num_attention_heads", field="num_heads"),
+                intermediate_size=size(
+                    "hidden_dim", "intermediate_size", field="intermediate_size"
+                ),
                 hidden_act=_activation(source, *need("activation", default="gelu")),
                 type_vocab_size=0,
                 layer_norm_eps=1e-12,  # hard-coded in transformers' DistilBERT
@@ -242,8 +259,8 @@ class EncoderConfig:
             kw = dict(
                 hidden_size=hidden,
                 embedding_size=emb,
-                num_layers=size("num_hidden_layers"),
-                num_heads=size("num_attention_heads"),
+                num_layers=size("num_hidden_layers", field="num_layers"),
+                num_heads=size("num_attention_heads", field="num_heads"),
                 intermediate_size=size("intermediate_size"),
                 hidden_act=_activation(
                     source,
@@ -265,10 +282,12 @@ class EncoderConfig:
                 id2label = {int(k): v for k, v in id2label.items()}
             except (TypeError, ValueError):
                 raise CheckpointError(
-                    f"{source}: id2label keys must be integers, got {list(id2label)!r}"
+                    f"{source}: id2label keys must be integers, got {short_repr(list(id2label))}"
                 ) from None
         elif id2label is not None:
-            raise CheckpointError(f"{source}: id2label must be a mapping, got {id2label!r}")
+            raise CheckpointError(
+                f"{source}: id2label must be a mapping, got {short_repr(id2label)}"
+            )
         num_labels = raw.get("num_labels")
         if num_labels is None:
             num_labels = len(id2label) if id2label else 2
@@ -294,6 +313,9 @@ class EncoderConfig:
             raw=dict(raw),
             **kw,
         )
+        if family not in ("albert", "electra"):
+            found["embedding_size"] = found["hidden_size"]  # the embedding width is hidden
+        cfg.keys = found
         cfg.validate(source)
         return cfg
 
@@ -312,26 +334,29 @@ class EncoderConfig:
         ):
             _integer(source, name, getattr(self, name), 1)
         _integer(source, "type_vocab_size", self.type_vocab_size, 0)
+        # Divisible, so heads <= hidden: the head count is bounded by a size the
+        # weights hold (checkpoint.check_sizes).
         if self.hidden_size % self.num_heads:
             raise CheckpointError(
-                f"{source}: hidden_size {self.hidden_size} is not divisible by "
-                f"num_attention_heads {self.num_heads} (each head must get the same width)"
+                f"{source}: hidden_size {short_repr(self.hidden_size)} is not divisible by "
+                f"num_attention_heads {short_repr(self.num_heads)} (each head must get the "
+                f"same width)"
             )
         if self.family == "albert" and self.num_hidden_groups > self.num_layers:
             raise CheckpointError(
-                f"{source}: num_hidden_groups {self.num_hidden_groups} > "
-                f"num_hidden_layers {self.num_layers}"
+                f"{source}: num_hidden_groups {short_repr(self.num_hidden_groups)} > "
+                f"num_hidden_layers {short_repr(self.num_layers)}"
             )
         _positive_float(source, "layer_norm_eps", self.layer_norm_eps)
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise CheckpointError(
-                f"{source}: pad_token_id {self.pad_token_id} is outside the "
-                f"vocabulary [0, {self.vocab_size})"
+                f"{source}: pad_token_id {short_repr(self.pad_token_id)} is outside the "
+                f"vocabulary [0, {short_repr(self.vocab_size)})"
             )
         if self.position_scheme == "roberta" and self.max_seq_len <= 0:
             raise CheckpointError(
-                f"{source}: max_position_embeddings {self.max_position_embeddings} leaves no "
-                f"positions after the padding offset"
+                f"{source}: max_position_embeddings {short_repr(self.max_position_embeddings)} "
+                f"leaves no positions after the padding offset"
             )
 
 
@@ -342,10 +367,10 @@ def _integer(source: str, field: str, value: Any, minimum: int) -> int:
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value, ok = int(value), True
     if not ok:
-        raise CheckpointError(f"{source}: {field} must be an integer, got {value!r}")
+        raise CheckpointError(f"{source}: {field} must be an integer, got {short_repr(value)}")
     if value < minimum:
         need = "positive" if minimum == 1 else f">= {minimum}"
-        raise CheckpointError(f"{source}: {field} must be {need}, got {value!r}")
+        raise CheckpointError(f"{source}: {field} must be {need}, got {short_repr(value)}")
     return value
 
 
@@ -356,7 +381,9 @@ def _positive_float(source: str, field: str, value: Any) -> float:
         or not math.isfinite(value)
         or value <= 0
     ):
-        raise CheckpointError(f"{source}: {field} must be a positive number, got {value!r}")
+        raise CheckpointError(
+            f"{source}: {field} must be a positive number, got {short_repr(value)}"
+        )
     return float(value)
 
 
@@ -374,6 +401,6 @@ def _architectures(value: Any, source: str) -> tuple[str, ...]:
         value = [value]
     if not isinstance(value, (list, tuple)) or not all(isinstance(a, str) for a in value):
         raise CheckpointError(
-            f"{source}: architectures must be a list of class names, got {value!r}"
+            f"{source}: architectures must be a list of class names, got {short_repr(value)}"
         )
     return tuple(value)

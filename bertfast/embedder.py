@@ -9,6 +9,11 @@ When the checkpoint is a sentence-transformers folder, its configuration decides
   sentence-transformers' order;
 - ``sentence_bert_config.json``'s ``max_seq_length`` caps the token count.
 
+These files are checkpoint files: each one read, and every module path in
+``modules.json``, stays inside the folder as weight files do
+(:func:`~bertfast.validate.checkpoint_file`), and a file of the wrong shape is a
+:class:`CheckpointError` naming the file and the field.
+
 A plain Hugging Face folder gets mean pooling, no normalisation and the model's own
 length limit. Pooling reads real tokens only (the attention mask), in fp32.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +30,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .text import TextError, text_problem
 from .tokenizer import Tokenizer, TokenizerError, model_max_length
-from .validate import CheckpointError, checkpoint_folder, load_options
+from .validate import (
+    CheckpointError,
+    checkpoint_file,
+    checkpoint_folder,
+    first_few,
+    load_options,
+    one_line,
+    short_repr,
+)
 
 __all__ = ["Embedder", "default_checkpoint", "CheckpointError", "POOLING_MODES", "pool"]
 
@@ -126,60 +141,126 @@ class SentenceConfig:
     is_sentence_transformers: bool = False
 
 
-def _load_json(path: Path):
+def _load_json(folder: Path, name: str, what: str):
+    """The JSON in ``folder/name``, a file the checkpoint names (``what``: who names
+    it, for the message), confined to the folder like weight files
+    (:func:`~bertfast.validate.checkpoint_file`)."""
+    file = checkpoint_file(folder, name, what)
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(file, encoding="utf-8") as f:
             return json.load(f)
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not JSON, not UTF-8
+        raise CheckpointError(f"cannot read {file}: {one_line(exc)}") from exc
 
 
 def read_sentence_config(path: str | Path) -> SentenceConfig:
+    """What the sentence-transformers files of checkpoint folder ``path`` ask for (see
+    the module docstring). Every file read, and every module path in
+    ``modules.json``, must stay inside the folder; a file of the wrong shape (not the
+    JSON object or list it must be, a field of the wrong type) is a
+    :class:`CheckpointError` naming the file and the field."""
     path = Path(path)
     cfg = SentenceConfig()
-    modules_file = path / "modules.json"
-    if modules_file.is_file():
-        modules = _load_json(modules_file)
-        if not isinstance(modules, list):
-            raise CheckpointError(f"{modules_file} is not a list of modules")
+    if (path / "modules.json").is_file():
         cfg.is_sentence_transformers = True
-        unsupported = [m.get("type") for m in modules if m.get("type") not in _KNOWN_MODULES]
-        if unsupported:
-            raise CheckpointError(
-                f"{modules_file} uses sentence-transformers modules bertfast does not run: "
-                f"{unsupported} (supported: Transformer, Pooling, Normalize)"
-            )
-        for module in modules:
-            kind = module.get("type")
+        for kind, module_path in _read_modules(path):
             if kind == _ST + "Normalize":
                 cfg.normalize = True
             elif kind == _ST + "Pooling":
-                cfg.pooling = _read_pooling(path / module.get("path", "") / "config.json")
+                # path "" is the folder itself (its config.json is the model's, which
+                # names no pooling mode: refused, as sentence-transformers fails on it)
+                cfg.pooling = _read_pooling(path, os.path.join(module_path, "config.json"))
     elif (path / "1_Pooling" / "config.json").is_file():
-        cfg.pooling = _read_pooling(path / "1_Pooling" / "config.json")
-    sbert = path / "sentence_bert_config.json"
-    if sbert.is_file():
-        value = _load_json(sbert).get("max_seq_length")
-        if isinstance(value, int) and value > 0:
-            cfg.max_seq_length = value
+        cfg.pooling = _read_pooling(path, os.path.join("1_Pooling", "config.json"))
+    if (path / "sentence_bert_config.json").is_file():
+        cfg.max_seq_length = _read_max_seq_length(path, "sentence_bert_config.json")
     return cfg
 
 
-def _read_pooling(file: Path) -> tuple[str, ...]:
-    data = _load_json(file)
-    if "pooling_mode" in data and isinstance(data["pooling_mode"], str):
-        # Older configs name one mode as a string.
-        name = {
-            "cls": "cls",
-            "max": "max",
-            "mean": "mean",
-            "lasttoken": "lasttoken",
-            "weightedmean": "weightedmean",
-            "mean_sqrt_len_tokens": "mean_sqrt_len",
-        }.get(data["pooling_mode"])
-        if name is None:
-            raise CheckpointError(f"{file}: unknown pooling_mode {data['pooling_mode']!r}")
-        return (name,)
+def _read_modules(folder: Path) -> list[tuple[str, str]]:
+    """``(type, path)`` of each module in ``folder/modules.json``: a list of objects,
+    each with a string ``type`` among the modules bertfast runs and a string ``path``
+    inside the folder (absent or ``""``: the folder itself)."""
+    file = folder / "modules.json"
+    modules = _load_json(folder, "modules.json", "file")
+    if not isinstance(modules, list):
+        raise CheckpointError(f"{file} must hold a list of modules, got {short_repr(modules)}")
+    out = []
+    for i, module in enumerate(modules):
+        if not isinstance(module, dict):
+            raise CheckpointError(
+                f"{file}: module {i} must be an object with a type and a path, got "
+                f"{short_repr(module)}"
+            )
+        kind, module_path = module.get("type"), module.get("path", "")
+        if not isinstance(kind, str):
+            raise CheckpointError(
+                f"{file}: module {i}'s type must be a class name (a string), got {short_repr(kind)}"
+            )
+        if not isinstance(module_path, str):
+            raise CheckpointError(
+                f"{file}: module {i}'s path must be a folder name (a string), got "
+                f"{short_repr(module_path)}"
+            )
+        if module_path:
+            checkpoint_file(folder, module_path, f"modules.json gives module {i} the path")
+        out.append((kind, module_path))
+    unsupported = [kind for kind, _ in out if kind not in _KNOWN_MODULES]
+    if unsupported:
+        raise CheckpointError(
+            f"{file} uses sentence-transformers modules bertfast does not run: "
+            f"{first_few(map(short_repr, unsupported), 3)} (supported: Transformer, Pooling, "
+            f"Normalize)"
+        )
+    return out
+
+
+def _read_max_seq_length(folder: Path, name: str) -> int | None:
+    """``max_seq_length`` of ``sentence_bert_config.json``: a positive integer, or
+    None when absent or null."""
+    data = _load_json(folder, name, "file")
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{folder / name} must hold a JSON object, got {short_repr(data)}")
+    value = data.get("max_seq_length")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(
+            f"{folder / name}: max_seq_length must be a positive integer, got {short_repr(value)}"
+        )
+    return value
+
+
+_POOLING_MODE_NAMES = {
+    "cls": "cls",
+    "max": "max",
+    "mean": "mean",
+    "lasttoken": "lasttoken",
+    "weightedmean": "weightedmean",
+    "mean_sqrt_len_tokens": "mean_sqrt_len",
+}
+
+
+def _read_pooling(folder: Path, name: str) -> tuple[str, ...]:
+    """The pooling modes of the Pooling config ``folder/name``: a JSON object with
+    one ``pooling_mode`` name, or ``pooling_mode_*`` flags (true / false / null)."""
+    file = folder / name
+    data = _load_json(folder, name, "the Pooling config")
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} must hold a JSON object, got {short_repr(data)}")
+    mode = data.get("pooling_mode")
+    if mode is not None:
+        # Configs that name one mode as a string.
+        if not isinstance(mode, str) or mode not in _POOLING_MODE_NAMES:
+            raise CheckpointError(
+                f"{file}: unknown pooling_mode {short_repr(mode)} (bertfast reads one of "
+                f"{', '.join(_POOLING_MODE_NAMES)})"
+            )
+        return (_POOLING_MODE_NAMES[mode],)
+    for flag in (*_POOLING_FLAGS, "include_prompt"):
+        value = data.get(flag)
+        if value is not None and not isinstance(value, bool):
+            raise CheckpointError(f"{file}: {flag} must be true or false, got {short_repr(value)}")
     modes = tuple(mode for flag, mode in _POOLING_FLAGS.items() if data.get(flag))
     if data.get("include_prompt") is False:
         raise CheckpointError(f"{file}: include_prompt=false is not supported")
@@ -215,8 +296,13 @@ def token_budget_batches(
 
 
 def _check_texts(texts) -> tuple[list[str], bool]:
-    """Returns (list of texts, whether the input was a single string)."""
+    """Returns (list of texts, whether the input was a single string). A text that is
+    not a string is a ``TypeError``, one that cannot be tokenised (a lone surrogate)
+    a :class:`~bertfast.text.TextError` (``ValueError``); both name ``texts[i]``."""
     if isinstance(texts, str):
+        problem = text_problem(texts)
+        if problem:
+            raise TextError(None, problem)
         return [texts], True
     if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable):
         raise TypeError(
@@ -226,6 +312,9 @@ def _check_texts(texts) -> tuple[list[str], bool]:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"texts[{i}] must be a string, got {type(text).__name__}")
+        problem = text_problem(text)
+        if problem:
+            raise TextError(i, problem)
     return texts, False
 
 
@@ -365,6 +454,13 @@ class Embedder:
         most ``batch_size`` texts and at most ``max_tokens`` padded tokens (rows x
         longest row; None: no token budget), so each batch pads little and a batch
         of long texts holds fewer of them; vectors come back in input order.
+
+        A text of any length is fine: past ``max_length`` tokens it is truncated, and
+        a very long one is cut before it is tokenised, where that cannot change its
+        first ``max_length`` tokens (:func:`bertfast.tokenizer.cut_text`), so memory
+        does not grow with it. A text that is not a string raises ``TypeError``, one
+        that is not valid Unicode (a lone surrogate) ``ValueError``
+        (:class:`~bertfast.text.TextError`); both name ``texts[i]``.
         """
         if convert_to not in ("numpy", "torch"):
             raise ValueError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")

@@ -67,6 +67,7 @@ from .ops.padding import PackInfo
 from .ops.reference import ACTIVATIONS
 from .ops.reference import activation as reference_activation
 from .outputs import EncoderOutput
+from .validate import short_repr
 
 __all__ = [
     "HEADS",
@@ -139,7 +140,7 @@ def resolve_head(cfg: EncoderConfig, head: str | None) -> str:
         summary = cfg.raw.get("summary_type", "first")
         if summary != "first":
             raise ValueError(
-                f"ELECTRA multiple choice with summary_type={summary!r} is not "
+                f"ELECTRA multiple choice with summary_type={short_repr(summary)} is not "
                 "supported (only 'first')"
             )
     if head == "pretraining" and fam == "electra":

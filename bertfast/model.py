@@ -57,7 +57,7 @@ from .ops import cpu_weights as _cpu_weights
 from .ops import dispatch as _dispatch
 from .ops import quant as _quant
 from .outputs import EncoderOutput
-from .validate import checkpoint_folder, load_options
+from .validate import checkpoint_folder, first_few, load_options
 
 __all__ = ["BertfastModel", "from_pretrained"]
 
@@ -191,7 +191,7 @@ class BertfastModel(nn.Module):
         required.update(H.head_weight_specs(config, self.head)[0])
         missing = [n for n in required if n not in weights]
         if missing:
-            raise ValueError(f"BertfastModel: missing weight(s) {', '.join(missing)}")
+            raise ValueError(f"BertfastModel: missing weight(s) {first_few(missing)}")
         for name, shape in required.items():
             if tuple(weights[name].shape) != tuple(shape):
                 raise ValueError(

@@ -458,9 +458,11 @@ class EmbeddingService:
         self.model_name = model_name or (Path(path).name if path else "all-MiniLM-L6-v2")
         # A private copy of the tokenizer counts tokens (without truncation) while the
         # model's own tokenizer may be busy in the batch thread.
-        self.counter = RustTokenizer.from_str(self.embedder.tokenizer.backend.to_str())
-        self.counter.no_truncation()
-        self.counter.no_padding()
+        from .tokenizer import Tokenizer
+
+        backend = RustTokenizer.from_str(self.embedder.tokenizer.backend.to_str())
+        backend.no_padding()
+        self.counter = Tokenizer(backend, self.embedder.tokenizer.pad_token_id)
         self.limit = self.embedder.max_length
         self.lock = threading.Lock()
         self.batch_requests: collections.Counter = collections.Counter()
@@ -522,19 +524,32 @@ class EmbeddingService:
         return value
 
     def _check_lengths(self, texts: list[str], name: str, truncate: bool) -> int:
-        """Token count of the request; a text over the limit is an error unless truncated."""
-        counts = [len(e.ids) for e in self.counter.encode_batch(texts, add_special_tokens=True)]
+        """Token count of the request; a text over the limit is an error unless truncated.
+
+        A long text is only counted up to the limit + 1 (``Tokenizer.count``), so a
+        megabyte text costs what a short one does; a text that cannot be tokenised (a
+        lone surrogate) is a 422 that names it."""
+        from .text import TextError
+
+        try:
+            counts = self.counter.count(texts, at_most=self.limit)
+        except TextError as exc:
+            raise RequestError(422, f"'{name}[{exc.index}]' {exc.reason}") from None
         if self.limit is not None:
             if truncate:
                 counts = [min(c, self.limit) for c in counts]
             else:
                 for i, count in enumerate(counts):
                     if count > self.limit:
+                        # limit + 1 may stand for any larger count (counting stopped).
+                        size = (
+                            f"{count} tokens, more than the model's limit of {self.limit}"
+                            if count > self.limit + 1
+                            else f"more than {self.limit} tokens, the model's limit"
+                        )
                         raise RequestError(
                             413,
-                            f"'{name}[{i}]' has {count} tokens, more than "
-                            f"the model's limit of {self.limit}; shorten it or "
-                            "ask for truncation",
+                            f"'{name}[{i}]' has {size}; shorten it or ask for truncation",
                         )
         return sum(counts)
 

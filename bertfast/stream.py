@@ -28,18 +28,31 @@ the input size. Work in progress lives in ``<output>.partial/`` (data plus a
 ``progress.json`` written atomically after each chunk); the output appears under
 its own name only when complete. ``resume`` continues an interrupted ``.npy`` /
 ``.parquet`` run from its last finished chunk, after checking that the input, the
-model and the settings are the ones it started with.
+model and the settings are the ones it started with: the input's path, size and
+modification time, the content (size and SHA-256) of every checkpoint file the model
+was read from (``bertfast.fingerprint``), and every setting that changes a vector.
+
+One writer per output: a run holds an exclusive OS lock (``flock``) on
+``<output>.partial/lock`` from before it touches anything in that folder until it
+has moved the finished output into place. A second run on the same output stops with
+one line naming the process that holds it; the kernel drops the lock when its holder
+dies, so ``--resume`` after a crash or ``kill -9`` takes it over. Before the finished
+file is moved into place the run checks that the partial folder and its lock file are
+still the ones it opened.
 """
 
 from __future__ import annotations
 
 import codecs
 import csv
+import errno
+import fcntl
 import io
 import json
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -61,6 +74,9 @@ __all__ = [
     "encode_stream",
     "EncodeSummary",
     "partial_dir",
+    "parquet_row_problems",
+    "OutputLock",
+    "lock_output",
 ]
 
 INPUT_FORMATS = ("txt", "jsonl", "csv", "parquet")
@@ -70,6 +86,11 @@ DEFAULT_CHUNK_SIZE = 4096
 LISTED_BAD_ROWS = 5
 _PROGRESS_VERSION = 1
 _READ_BLOCK = 1 << 20
+#: How much of a ``.txt`` line is ever held: its first characters, enough for the
+#: tokenizer to find its first tokens (``tokenizer.CUT_MAX_CHARS``, with room for
+#: over-long words); a longer line's row is encoded from them when they provably
+#: hold its first ``max_length`` tokens, else it is a bad row.
+LINE_HEAD_CHARS = 1 << 22
 
 _SUFFIX_FORMATS = {
     ".jsonl": "jsonl",
@@ -127,6 +148,9 @@ class Chunk:
     texts: list[str | None]
     #: kept columns: a list of Python values (text formats) or a pyarrow array (Parquet)
     keep: dict[str, object] = field(default_factory=dict)
+    #: rows whose text is only the first ``LINE_HEAD_CHARS + 1`` characters of a
+    #: longer line (``.txt``: the rest was never held in memory)
+    heads: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -221,6 +245,76 @@ def _decode(raw: bytes) -> tuple[str | None, str | None]:
         return None, f"is not valid UTF-8 text ({exc.reason} at byte {exc.start})"
 
 
+class _LongLine:
+    """Checks one line longer than a read block as UTF-8 piece by piece (an
+    incremental decoder), so that its memory is one block, whatever its length."""
+
+    def __init__(self):
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.offset = 0
+        self.reason: str | None = None
+
+    def feed(self, data: bytes, final: bool = False) -> None:
+        if self.reason is None:
+            try:
+                self.decoder.decode(data, final)
+            except UnicodeDecodeError as exc:
+                at = self.offset + exc.start
+                self.reason = f"is not valid UTF-8 text ({exc.reason} at byte {at})"
+        self.offset += len(data)
+
+
+def _bounded_lines(
+    path: Path, max_chars: int
+) -> Iterator[tuple[int, str | None, str | None, bool]]:
+    """``(0-based line index, text, why it is not UTF-8, whether text is the whole
+    line)`` for every line; ``text`` is None for a bad line, else the line, or its
+    first ``max_chars + 1`` characters when it is longer: at most that much of a line
+    (and one read block) is ever held in memory, however long the line, and the whole
+    line is still checked as UTF-8.
+    Line ends, a trailing ``\\r`` and a leading BOM are dropped, as in :func:`_lines`."""
+    head = 4 * (max_chars + 2)  # bytes that hold more than max_chars + 1 characters
+    with open(path, "rb") as f:
+        index = 0
+        while True:
+            raw = f.readline(_READ_BLOCK)
+            if not raw:
+                return
+            if index == 0 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]
+            if raw.endswith(b"\n") or len(raw) < _READ_BLOCK:  # the whole line
+                raw = raw[:-1] if raw.endswith(b"\n") else raw
+                raw = raw[:-1] if raw.endswith(b"\r") else raw
+                text, reason = _decode(raw)
+                if text is not None and len(text) > max_chars:
+                    yield index, text[: max_chars + 1], None, False
+                else:
+                    yield index, text, reason, True
+                index += 1
+                continue
+            check, kept = _LongLine(), bytearray(raw[:head])
+            check.feed(raw)
+            while True:  # the rest of a long line, a block at a time
+                piece = f.readline(_READ_BLOCK)
+                end = not piece or piece.endswith(b"\n")
+                piece = piece[:-1] if piece.endswith(b"\n") else piece
+                if len(kept) < head:
+                    kept += piece[: head - len(kept)]
+                check.feed(piece, final=end)
+                if end:
+                    break
+            if check.reason is not None:
+                yield index, None, check.reason, True
+            else:
+                whole = check.offset <= head
+                if whole and kept.endswith(b"\r"):
+                    kept = kept[:-1]
+                text = codecs.getincrementaldecoder("utf-8")().decode(bytes(kept), whole)
+                whole = whole and len(text) <= max_chars
+                yield index, text if whole else text[: max_chars + 1], None, whole
+            index += 1
+
+
 class TextSource(Source):
     fmt = "txt"
 
@@ -230,15 +324,31 @@ class TextSource(Source):
         with open(self.path, "rb") as f, _bytes_bar(self.path, progress, "checking") as bar:
             carry = b""
             first = True
+            long_line: _LongLine | None = None  # a line longer than a block, being read
             while True:
                 block = f.read(_READ_BLOCK)
                 bar.update(len(block))
                 if not block:
                     break
+                if long_line is not None:
+                    cut = block.find(b"\n")
+                    long_line.feed(block if cut < 0 else block[:cut], final=cut >= 0)
+                    if cut < 0:
+                        continue
+                    yield index, index + 1, long_line.reason
+                    index += 1
+                    long_line, block = None, block[cut + 1 :]
                 block = carry + block
                 cut = block.rfind(b"\n")
                 if cut < 0:
-                    carry = block
+                    if len(block) > _READ_BLOCK:  # no line end in sight: check piecewise
+                        if first and block.startswith(codecs.BOM_UTF8):
+                            block = block[len(codecs.BOM_UTF8) :]
+                        first = False
+                        long_line, carry = _LongLine(), b""
+                        long_line.feed(block)
+                    else:
+                        carry = block
                     continue
                 body, carry = block[: cut + 1], block[cut + 1 :]
                 if first and body.startswith(codecs.BOM_UTF8):
@@ -256,16 +366,20 @@ class TextSource(Source):
                     _, reason = _decode(raw)
                     yield index, index + 1, reason
                     index += 1
-            if carry:
+            if long_line is not None:
+                long_line.feed(b"", final=True)
+                yield index, index + 1, long_line.reason
+            elif carry:
                 if first and carry.startswith(codecs.BOM_UTF8):
                     carry = carry[len(codecs.BOM_UTF8) :]
                 _, reason = _decode(carry)
                 yield index, index + 1, reason
 
-    def _rows(self) -> Iterator[tuple[int, str | None, dict]]:
-        for index, raw in _lines(self.path):
-            text, _ = _decode(raw)
-            yield index, text, {}
+    def _rows(self) -> Iterator[tuple[int, str | None, dict, bool]]:
+        # A line longer than the tokenizer can look at is read only that far (the
+        # rest is checked as UTF-8, never held): see bertfast.tokenizer's cut.
+        for index, text, _, whole in _bounded_lines(self.path, LINE_HEAD_CHARS):
+            yield index, text, {}, not whole
 
     def chunks(self, size, start=0):
         return _chunked(self._rows(), size, start, self.keep)
@@ -291,6 +405,11 @@ class JsonlSource(Source):
         value = obj[self.field]
         if not isinstance(value, str):
             return None, f"field {self.field!r} is {_json_kind(value, article=True)}, not text"
+        if b"\\u" in raw:  # only an escape can make a string that is not text
+            for name in (self.field, *self.keep):
+                reason = _value_problem(obj.get(name))
+                if reason:
+                    return None, f"field {name!r} {reason}"
         return obj, None
 
     def _check_all(self, progress):
@@ -304,12 +423,32 @@ class JsonlSource(Source):
         for index, raw in _lines(self.path):
             obj, _ = self._parse(raw)
             if obj is None:
-                yield index, None, {}
+                yield index, None, {}, False
             else:
-                yield index, obj[self.field], {k: obj.get(k) for k in self.keep}
+                yield index, obj[self.field], {k: obj.get(k) for k in self.keep}, False
 
     def chunks(self, size, start=0):
         return _chunked(self._rows(), size, start, self.keep)
+
+
+def _value_problem(value) -> str | None:
+    """Why a decoded JSON value holds something that is not text (a lone surrogate
+    from a ``\\ud800`` escape, in a string at any depth), or None."""
+    from .text import text_problem
+
+    if isinstance(value, str):
+        return text_problem(value)
+    if isinstance(value, dict):
+        items = [*value.keys(), *value.values()]
+    elif isinstance(value, list):
+        items = value
+    else:
+        return None
+    for item in items:
+        reason = _value_problem(item)
+        if reason:
+            return reason
+    return None
 
 
 def _json_kind(value, article: bool = False) -> str:
@@ -413,12 +552,13 @@ class CsvSource(Source):
     def _rows(self):
         for index, _, row, _ in self._records():
             if row is None:
-                yield index, None, {}
+                yield index, None, {}, False
             else:
                 yield (
                     index,
                     row[self.position],
                     {name: row[pos] for name, pos in zip(self.keep, self.keep_positions)},
+                    False,
                 )
 
     def chunks(self, size, start=0):
@@ -426,21 +566,26 @@ class CsvSource(Source):
 
 
 def _chunked(rows, size: int, start: int, keep: Sequence[str]) -> Iterator[Chunk]:
+    """Chunks from ``(index, text or None, kept values, whether text is only the
+    line's head)`` rows."""
     texts: list[str | None] = []
     kept: dict[str, list] = {k: [] for k in keep}
+    heads: list[int] = []
     first = start
-    for index, text, values in rows:
+    for index, text, values, head in rows:
         if index < start:
             continue
+        if head:
+            heads.append(len(texts))
         texts.append(text)
         for k in keep:
             kept[k].append(values.get(k))
         if len(texts) == size:
-            yield Chunk(first, texts, kept)
+            yield Chunk(first, texts, kept, heads)
             first += size
-            texts, kept = [], {k: [] for k in keep}
+            texts, kept, heads = [], {k: [] for k in keep}, []
     if texts:
-        yield Chunk(first, texts, kept)
+        yield Chunk(first, texts, kept, heads)
 
 
 class ParquetSource(Source):
@@ -500,14 +645,28 @@ class ParquetSource(Source):
                 skip = 0
             yield batch
 
+    @property
+    def _columns(self) -> list[str]:
+        return list(dict.fromkeys([self.field, *self.keep]))
+
+    def _problems(self, table) -> dict[int, str]:
+        return parquet_row_problems(table, self.field, self.keep)
+
+    def _texts(self, table, bad: dict[int, str]) -> list[str | None]:
+        column = table.column(self.field)
+        if not bad:
+            return column.to_pylist()
+        raw = _combined(column)
+        return [None if i in bad else raw[i].as_py() for i in range(len(raw))]
+
     def _check_all(self, progress):
         index = 0
-        for batch in self._batches([self.field]):
-            column = batch.column(0)
+        for batch in self._batches(self._columns):
             n = batch.num_rows
-            if column.null_count:
-                for i, value in enumerate(column.is_null().to_pylist()):
-                    yield index + i, None, "is null, not text" if value else None
+            bad = self._problems(batch)
+            if bad:
+                for i in range(n):
+                    yield index + i, None, bad.get(i)
             else:
                 yield index + n - 1, None, None
             index += n
@@ -515,13 +674,13 @@ class ParquetSource(Source):
     def chunks(self, size, start=0):
         import pyarrow as pa
 
-        columns = list(dict.fromkeys([self.field, *self.keep]))
+        columns = self._columns
         pending: list = []
         held = 0
         first = start
 
         def emit(table):
-            texts = table.column(self.field).to_pylist()
+            texts = self._texts(table, self._problems(table))
             keep = {k: table.column(k).combine_chunks() for k in self.keep}
             return Chunk(first, texts, keep)
 
@@ -537,6 +696,42 @@ class ParquetSource(Source):
                 held = rest.num_rows
         if held:
             yield emit(pa.Table.from_batches(pending))
+
+
+def parquet_row_problems(table, field: str, keep: Sequence[str] = ()) -> dict[int, str]:
+    """Row of a pyarrow table or record batch -> why it is bad: a null ``field``, or a
+    text or kept value that is not valid UTF-8 (Parquet writers do not check string
+    columns, and Python cannot decode such a value). Fast when every row is good (one
+    vectorised validation); the rows are found one by one only when it fails."""
+    import pyarrow as pa
+
+    bad: dict[int, str] = {}
+    column = table.column(field)
+    if column.null_count:
+        for i, null in enumerate(column.is_null().to_pylist()):
+            if null:
+                bad[i] = "is null, not text"
+    try:
+        table.validate(full=True)
+        return bad
+    except pa.ArrowInvalid:
+        pass
+    for name in dict.fromkeys([field, *keep]):
+        values = _combined(table.column(name))
+        for i in range(len(values)):
+            if i in bad:
+                continue
+            try:
+                values.slice(i, 1).validate(full=True)
+            except pa.ArrowInvalid:
+                what = "text" if name == field else f"column {name!r}"
+                bad[i] = f"{what} is not valid UTF-8"
+    return bad
+
+
+def _combined(column):
+    """One pyarrow Array from a table's ChunkedArray or a record batch's Array."""
+    return column.combine_chunks() if hasattr(column, "combine_chunks") else column
 
 
 def open_source(path: str, fmt: str, field_name: str = "text", keep: Sequence[str] = ()) -> Source:
@@ -580,6 +775,134 @@ def _make_source(path: Path, display: str, fmt: str, field_name: str, keep) -> S
     return cls(path, display, field_name, keep)
 
 
+# ---------------------------------------------------------------- the output lock
+class OutputLock:
+    """The exclusive right to write ``<output>.partial/``: an OS lock (``flock``) on
+    the file ``lock`` inside it, released by the kernel when the process ends however
+    it ends. :func:`lock_output` takes it; :meth:`release` (or leaving a ``with``
+    block) gives it back; :meth:`check` says whether the folder and the lock file are
+    still the ones taken."""
+
+    def __init__(self, output: Path, fd: int, folder_id: tuple[int, int]):
+        self.output = output
+        self.dir = partial_dir(output)
+        self.path = self.dir / "lock"
+        self._fd: int | None = fd
+        self._folder_id = folder_id
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def check(self) -> None:
+        """StreamError unless the partial folder and its lock file are still the ones
+        this lock was taken on (someone removed or replaced them meanwhile)."""
+        if self._fd is None:
+            raise StreamError(f"internal error: the lock on {self.output} was released")
+        try:
+            folder = os.stat(self.dir)
+            lock = os.stat(self.path)
+        except OSError:
+            folder = lock = None
+        mine = os.fstat(self._fd)
+        if (
+            folder is None
+            or (folder.st_dev, folder.st_ino) != self._folder_id
+            or (lock.st_dev, lock.st_ino) != (mine.st_dev, mine.st_ino)
+        ):
+            raise StreamError(
+                f"{self.dir} was removed or replaced while this run wrote into it (by "
+                f"another program?); {self.output} was not written: run again"
+            )
+
+    def release(self) -> None:
+        """Give the lock back. A partial folder that holds nothing but the lock (a run
+        that stopped before writing) goes with it: there is nothing to resume."""
+        if self._fd is None:
+            return
+        try:
+            mine, now = os.fstat(self._fd), os.stat(self.path)
+            same = (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
+            if same and [p.name for p in self.dir.iterdir()] == ["lock"]:
+                self.path.unlink()
+                self.dir.rmdir()
+        except OSError:
+            pass  # not ours to clean any more, or not empty: leave it
+        os.close(self._fd)  # closing the last descriptor drops the flock
+        self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        self.release()
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock, from what it wrote into the file (best effort)."""
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+        pid, host = int(info["pid"]), str(info["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+    here = socket.gethostname()
+    return f"process {pid}" + ("" if host == here else f" on {host}")
+
+
+def lock_output(output: Path) -> OutputLock:
+    """Take the lock of ``output`` (creating ``<output>.partial/`` if needed), or raise
+    StreamError naming the process that holds it. Nothing else in the folder is
+    touched."""
+    folder = partial_dir(output)
+    for _ in range(100):  # a holder finishing removes the folder: try again
+        try:
+            folder.mkdir(exist_ok=True)
+        except FileExistsError:
+            raise StreamError(
+                f"{folder} exists and is not a folder; remove it (bertfast keeps an "
+                "unfinished run there)"
+            ) from None
+        try:
+            fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            continue
+        except NotADirectoryError:
+            raise StreamError(
+                f"{folder} exists and is not a folder; remove it (bertfast keeps an "
+                "unfinished run there)"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise StreamError(
+                f"{output} is being written by {_holder(folder / 'lock')} (its lock: "
+                f"{folder / 'lock'}); wait for that run to end or stop it, then run "
+                "again (with --resume to continue its work)"
+            ) from None
+        # Locked, but a holder that finished meanwhile may have unlinked this file:
+        # the lock counts only while the name still leads to the locked file.
+        mine = os.fstat(fd)
+        try:
+            now = os.stat(folder / "lock")
+            folder_stat = os.stat(folder)
+        except FileNotFoundError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (mine.st_dev, mine.st_ino):
+            os.close(fd)
+            continue
+        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, info, 0)
+        return OutputLock(output, fd, (folder_stat.st_dev, folder_stat.st_ino))
+    raise StreamError(f"cannot lock {folder / 'lock'}: it keeps being replaced; run again")
+
+
 # ---------------------------------------------------------------- outputs
 def _write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
@@ -602,6 +925,7 @@ class Sink:
         self.chunk_size = chunk_size
         self.dir = partial_dir(output)
         self.progress_file = self.dir / "progress.json"
+        self.lock: OutputLock | None = None
         self.state = {
             "version": _PROGRESS_VERSION,
             "format": self.fmt,
@@ -614,8 +938,14 @@ class Sink:
 
     fmt = ""
 
-    def open(self, resume: bool) -> int:
-        """Prepare the partial folder; returns the first row still to encode."""
+    def open(self, resume: bool, lock: OutputLock | None = None) -> int:
+        """Prepare the partial folder under ``lock`` (taken here when not given);
+        returns the first row still to encode."""
+        if lock is None:
+            lock = lock_output(self.output)
+        elif not lock.held or lock.output != self.output:
+            raise StreamError(f"internal error: no lock held on {self.output}")
+        self.lock = lock
         if resume:
             if not self.resumable:
                 raise StreamError(f"--resume works with .npy and .parquet outputs, not .{self.fmt}")
@@ -626,15 +956,18 @@ class Sink:
                 "starting from the first row",
                 file=sys.stderr,
             )
-        elif self.dir.exists():
+        leftovers = [p for p in self.dir.iterdir() if p.name != "lock"]
+        if leftovers and not resume:
             print(
                 f"bertfast: discarding the unfinished run in {self.dir} "
                 "(pass --resume to continue it instead)",
                 file=sys.stderr,
             )
-        if self.dir.exists():
-            shutil.rmtree(self.dir)
-        self.dir.mkdir()
+        for p in leftovers:  # the lock file stays: it is what this run holds
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
         self._create()
         _write_json_atomic(self.progress_file, self.state)
         return 0
@@ -683,14 +1016,24 @@ class Sink:
 
     def finish(self) -> None:
         final = self._finalize()
+        self.lock.check()  # still our folder: nobody swapped it while we wrote
         os.replace(final, self.output)
-        shutil.rmtree(self.dir)
+        shutil.rmtree(self.dir)  # the lock file with it; released just after
+        self.lock.release()
+
+    def close(self) -> None:
+        """Release what an unfinished run holds (file descriptors, the lock); the
+        partial folder stays for --resume."""
+        self._close()
+        if self.lock is not None:
+            self.lock.release()
 
     # format hooks
     def _create(self): ...
     def _reopen(self, done: int): ...
     def _write(self, chunk, good, vectors): ...
     def _finalize(self) -> Path: ...
+    def _close(self): ...
 
 
 class NpySink(Sink):
@@ -749,8 +1092,13 @@ class NpySink(Sink):
         os.fsync(self.fd)
 
     def _finalize(self):
-        os.close(self.fd)
+        self._close()
         return self.data
+
+    def _close(self):
+        fd, self.fd = getattr(self, "fd", None), None
+        if fd is not None:
+            os.close(fd)
 
 
 class ParquetSink(Sink):
@@ -769,14 +1117,34 @@ class ParquetSink(Sink):
     def _create(self):
         pass
 
+    @property
+    def schema_file(self) -> Path:
+        return self.dir / "schema.arrow"
+
+    def _save_schema(self) -> None:
+        """The output's Arrow schema, as the first chunk fixed it, kept for a resumed
+        run: read back from a Parquet part it would differ (a list's inner field is
+        ``element`` there, ``item`` in memory), and so would the output's bytes."""
+        data = self.schema.serialize().to_pybytes()
+        tmp = self.schema_file.with_name(self.schema_file.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.schema_file)
+
     def _reopen(self, done):
-        import pyarrow.parquet as pq
+        import pyarrow as pa
 
         if done:
-            first = self._part(0)
-            if not first.is_file():
-                raise StreamError(f"cannot resume: {first} is missing; run without --resume")
-            self.schema = pq.read_schema(first)
+            try:
+                data = self.schema_file.read_bytes()
+                self.schema = pa.ipc.read_schema(pa.py_buffer(data))
+            except (OSError, pa.ArrowException) as exc:
+                raise StreamError(
+                    f"cannot resume: {self.schema_file} is missing or unreadable ({exc}); "
+                    "run without --resume"
+                ) from None
 
     def _table(self, chunk, good, vectors):
         import pyarrow as pa
@@ -810,6 +1178,7 @@ class ParquetSink(Sink):
         table = pa.Table.from_arrays(columns, names=names)
         if self.schema is None:
             self.schema = table.schema
+            self._save_schema()
         elif table.schema != self.schema:
             try:
                 table = table.cast(self.schema)
@@ -884,8 +1253,13 @@ class JsonlSink(Sink):
         self.file.flush()
 
     def _finalize(self):
-        self.file.close()
+        self._close()
         return self.data
+
+    def _close(self):
+        f = getattr(self, "file", None)
+        if f is not None:
+            f.close()
 
 
 def open_sink(
@@ -940,13 +1314,50 @@ def encode_stream(
     show_progress: bool | None = None,
     settings: dict | None = None,
     scanned: tuple[int, list[BadRow], int] | None = None,
+    lock: OutputLock | None = None,
 ) -> EncodeSummary:
     """Encode every row of ``source`` into ``output`` chunk by chunk (see the module doc).
 
-    ``settings``: what a resumed run must share with the one it continues (model,
-    pooling...); ``scanned``: the result of ``source.scan`` when already done."""
-    from tqdm.auto import tqdm
+    ``settings``: what a resumed run must share with the one it continues (model
+    settings, the checkpoint's content fingerprint...); ``scanned``: the result of
+    ``source.scan`` when already done; ``lock``: the output's lock when the caller
+    took it already (:func:`lock_output`; else it is taken here). Whatever happens,
+    the lock is released on return."""
+    try:
+        return _encode_stream(
+            embedder,
+            source,
+            output,
+            lock,
+            chunk_size=chunk_size,
+            batch_size=batch_size,
+            normalize=normalize,
+            skip_bad=skip_bad,
+            resume=resume,
+            show_progress=show_progress,
+            settings=settings,
+            scanned=scanned,
+        )
+    finally:
+        if lock is not None:
+            lock.release()
 
+
+def _encode_stream(
+    embedder,
+    source,
+    output,
+    lock,
+    *,
+    chunk_size,
+    batch_size,
+    normalize,
+    skip_bad,
+    resume,
+    show_progress,
+    settings,
+    scanned,
+) -> EncodeSummary:
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise StreamError(f"--chunk-size must be a positive integer, not {chunk_size!r}")
     if resume and source.name == "<stdin>":
@@ -971,8 +1382,60 @@ def encode_stream(
         keep=source.keep,
         keep_types=source.keep_types(),
     )
-    start_row = sink.open(resume)
-    start = time.perf_counter()
+    try:
+        start_row = sink.open(resume, lock)
+        start = time.perf_counter()
+        encoded, late = _encode_chunks(
+            embedder,
+            source,
+            sink,
+            rows,
+            start_row,
+            chunk_size=chunk_size,
+            batch_size=batch_size,
+            normalize=normalize,
+            skip_bad=skip_bad,
+            show_progress=show_progress,
+        )
+        done = sink.state["done"]
+        if done != rows:
+            raise StreamError(
+                f"{source.name} changed while it was read ({done} rows now, "
+                f"{rows} when checked); run again"
+            )
+        sink.finish()
+    finally:
+        sink.close()
+    return EncodeSummary(
+        rows=rows,
+        encoded=encoded,
+        skipped=bad_count + len(late),
+        bad=(listed + late)[:LISTED_BAD_ROWS],
+        resumed_from=start_row,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _encode_chunks(
+    embedder,
+    source,
+    sink,
+    rows,
+    start_row,
+    *,
+    chunk_size,
+    batch_size,
+    normalize,
+    skip_bad,
+    show_progress,
+) -> tuple[int, list[BadRow]]:
+    """The chunk loop of :func:`encode_stream`; returns the number of texts encoded
+    and the rows found bad only while
+    encoding (a text the tokenizer refuses, a line too long to read whole whose first
+    tokens are not in its head), which ``skip_bad`` skips like the others."""
+    from tqdm.auto import tqdm
+
+    late: list[BadRow] = []
     encoded = 0
     with tqdm(
         total=rows,
@@ -995,28 +1458,69 @@ def encode_stream(
                     f"{source.name} changed while it was read (row "
                     f"{chunk.start + first + 1} is now bad); run again"
                 )
-            texts = [chunk.texts[i] for i in good]
-            if texts:
-                vectors = embedder.encode(
-                    texts, batch_size=batch_size, normalize=normalize, show_progress=False
-                )
-            else:
-                vectors = np.zeros((0, embedder.dim), dtype=np.float32)
+            texts = {i: chunk.texts[i] for i in good}
+            for i in chunk.heads:
+                head = _line_head(embedder, texts[i])
+                if head is None:
+                    reason = (
+                        f"is a line of more than {LINE_HEAD_CHARS:,} characters whose first "
+                        "tokens are not within them (a word or a run of whitespace that long)"
+                    )
+                    late.append(_late_bad(source, chunk, i, reason, skip_bad))
+                    del texts[i]
+                else:
+                    texts[i] = head
+            vectors = _encode_rows(
+                embedder, source, chunk, texts, late, skip_bad, batch_size, normalize
+            )
+            good = sorted(texts)
             sink.write(chunk, good, vectors)
             encoded += len(good)
             bar.update(len(chunk.texts))
-    done = sink.state["done"]
-    if done != rows:
-        raise StreamError(
-            f"{source.name} changed while it was read ({done} rows now, "
-            f"{rows} when checked); run again"
-        )
-    sink.finish()
-    return EncodeSummary(
-        rows=rows,
-        encoded=encoded,
-        skipped=bad_count,
-        bad=listed,
-        resumed_from=start_row,
-        seconds=time.perf_counter() - start,
-    )
+    return encoded, late
+
+
+def _late_bad(source, chunk: Chunk, i: int, reason: str, skip_bad: bool) -> BadRow:
+    """A row of ``chunk`` found bad while encoding: StreamError unless ``skip_bad``."""
+    index = chunk.start + i
+    bad = BadRow(index, index + 1 if source.fmt in ("txt", "jsonl") else None, reason)
+    if not skip_bad:
+        raise StreamError(bad.describe(source.name) + "; fix the row or pass --skip-bad")
+    return bad
+
+
+def _line_head(embedder, text: str) -> str | None:
+    """For a line of which only ``text`` (its first ``LINE_HEAD_CHARS + 1``
+    characters) was read: a prefix of it whose first ``max_length`` tokens are the
+    whole line's, or None when that cannot be shown from ``text``."""
+    tokenizer = getattr(embedder, "tokenizer", None)
+    head = getattr(tokenizer, "head", None)
+    if head is None:
+        return None
+    try:
+        return head(text)
+    except ValueError:
+        return None
+
+
+def _encode_rows(embedder, source, chunk, texts, late, skip_bad, batch_size, normalize):
+    """Vectors of ``texts`` ({row in chunk: text}, in row order); a text the tokenizer
+    refuses is dropped from ``texts`` as a bad row (:func:`_late_bad`)."""
+    from .text import TextError
+
+    while texts:
+        order = sorted(texts)
+        try:
+            return embedder.encode(
+                [texts[i] for i in order],
+                batch_size=batch_size,
+                normalize=normalize,
+                show_progress=False,
+            )
+        except TextError as exc:
+            if exc.index is None or not 0 <= exc.index < len(order):
+                raise
+            i = order[exc.index]
+            late.append(_late_bad(source, chunk, i, exc.reason, skip_bad))
+            del texts[i]
+    return np.zeros((0, embedder.dim), dtype=np.float32)

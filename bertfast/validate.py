@@ -9,16 +9,25 @@ what was wrong and what to do, before anything is loaded:
   ``NotADirectoryError``) are its kinds for a path that is not a folder;
 - :func:`checkpoint_folder` checks a checkpoint path (and explains that a Hub id
   such as ``bert-base-uncased`` must be downloaded first);
+- :func:`checkpoint_file` confines every file a checkpoint names (weight shards,
+  sentence-transformers modules) to its folder;
 - :func:`resolve_device` checks a device (a CUDA device when none is visible says
   so, and which backends run here);
 - :func:`check_backend` checks backend x device x dtype, so a backend that cannot
   run is refused at load, not at the first forward.
+
+Messages stay one short line whatever the input: a config or file value is echoed
+through :func:`short_repr`, file text (tensor keys, a library's error) through
+:func:`one_line`, and a list of names through :func:`first_few`.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import reprlib
+from collections.abc import Iterable
+from pathlib import PureWindowsPath
 
 import torch
 
@@ -27,6 +36,10 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointNotADirectoryError",
     "checkpoint_folder",
+    "checkpoint_file",
+    "short_repr",
+    "one_line",
+    "first_few",
     "resolve_device",
     "requested_backend",
     "check_backend",
@@ -47,6 +60,39 @@ class CheckpointNotADirectoryError(CheckpointError, NotADirectoryError):
     """The checkpoint path is not a folder."""
 
 
+# ---------------------------------------------------------------- messages
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 160
+_SHORT.maxlong = 40
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxset = _SHORT.maxdict = 4
+_SHORT.maxlevel = 2
+
+
+def one_line(text, limit: int = 200) -> str:
+    """``text`` (a tensor key, a library's error text) for a message: its ends when
+    longer than ``limit`` characters, line breaks written as ``\\n``."""
+    text = str(text)
+    if len(text) > limit:
+        text = f"{text[: limit // 2]}...{text[-(limit // 2) :]}"
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def short_repr(value) -> str:
+    """``repr(value)`` for a message that echoes a config or file value: one line of
+    at most about 200 characters however long the string, list, dict or integer
+    (its ends are kept, the middle is ``...``)."""
+    return one_line(_SHORT.repr(value))
+
+
+def first_few(items: Iterable, n: int = 5) -> str:
+    """The first ``n`` of ``items`` (each through :func:`one_line`), comma-separated,
+    then ``... and N more``."""
+    items = list(items)
+    shown = ", ".join(one_line(item, 100) for item in items[:n])
+    return shown if len(items) <= n else f"{shown} ... and {len(items) - n} more"
+
+
+# ---------------------------------------------------------------- folders and files
 # A Hugging Face Hub id: ``name`` or ``owner/name`` (letters, digits, ``-_.``).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
 
@@ -85,6 +131,54 @@ def checkpoint_folder(path) -> str:
             f"{text} is not a Hugging Face checkpoint folder: no config.json in it"
         )
     return folder
+
+
+def _inside(path: str, root: str) -> bool:
+    try:
+        return os.path.commonpath([path, root]) == root
+    except ValueError:  # different drives
+        return False
+
+
+def checkpoint_file(folder, name, what: str) -> str:
+    """``folder/name`` for a file (or folder) the checkpoint names, refused unless it
+    stays inside the checkpoint folder: ``name`` must be a non-empty relative path
+    with no ``..`` part, and must not resolve through a symlink to outside the folder
+    (except into the ``blobs`` of the Hugging Face cache repo that a
+    ``snapshots/<revision>`` folder belongs to). ``what`` says who names it and starts
+    the message after the folder: ``"weight file"``, ``"model.safetensors.index.json
+    names"``, ... Raises :class:`CheckpointError`."""
+    folder = os.fspath(folder)
+    shown = short_repr(name)
+    if not isinstance(name, str) or not name or "\0" in name:
+        raise CheckpointError(f"{folder}: {what} {shown}, which is not a file name")
+    if (
+        os.path.isabs(name)
+        or name.startswith(("/", "\\"))
+        or os.path.splitdrive(name)[0]
+        or PureWindowsPath(name).anchor
+    ):
+        raise CheckpointError(
+            f"{folder}: {what} the absolute path {shown}; files a checkpoint names must "
+            f"be relative to its folder"
+        )
+    if ".." in name.replace("\\", "/").split("/"):
+        raise CheckpointError(
+            f"{folder}: {what} {shown}, which leaves the checkpoint folder; files a "
+            f"checkpoint names must lie inside it"
+        )
+    path = os.path.join(folder, name)
+    root = os.path.realpath(folder)
+    real = os.path.realpath(path)
+    if not _inside(real, root):
+        snapshots = os.path.dirname(root)
+        blobs = os.path.join(os.path.dirname(snapshots), "blobs")
+        if not (os.path.basename(snapshots) == "snapshots" and _inside(real, blobs)):
+            raise CheckpointError(
+                f"{folder}: {what} {shown}, a symlink to {one_line(real)}, outside the "
+                f"checkpoint folder; copy the file into the folder instead"
+            )
+    return path
 
 
 # ---------------------------------------------------------------- devices
