@@ -544,8 +544,8 @@ def cmd_encode_ray(args) -> int:
     )
     if skipped:
         print(
-            f"skipped {skipped} bad {'row' if skipped == 1 else 'rows'} (null texts; their "
-            "ids are absent)"
+            f"skipped {skipped} bad {'row' if skipped == 1 else 'rows'} (null or not "
+            "UTF-8 texts; their ids are absent)"
         )
     return 0
 

@@ -356,11 +356,13 @@ def read_row_groups(
     batch: dict[str, Any], column: str = "text", keep: Sequence[str] = (), skip_bad: bool = False
 ):
     """Ray Data task: the rows of the listed row groups as a pyarrow table ``id``,
-    ``column``, ``keep``... (ids are global row numbers); a null text raises (or is
+    ``column``, ``keep``... (ids are global row numbers); a bad row (a null text, a text
+    or kept value that is not UTF-8: ``stream.parquet_row_problems``) raises (or is
     dropped with ``skip_bad``)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
+
+    from .stream import parquet_row_problems
 
     tables = []
     for file, group, first, uri in zip(
@@ -372,15 +374,15 @@ def read_row_groups(
                 int(group), columns=list(dict.fromkeys([column, *keep]))
             )
         ids = pa.array(np.arange(int(first), int(first) + table.num_rows, dtype=np.int64))
-        texts = table.column(column)
-        if texts.null_count:
-            bad = np.flatnonzero(np.asarray(texts.is_null().to_numpy(zero_copy_only=False)))
+        bad = parquet_row_problems(table, column, keep)
+        if bad:
             if not skip_bad:
-                row = int(first) + int(bad[0])
+                i = min(bad)
+                row = int(first) + i
                 raise ValueError(
-                    f"{file}: row {row + 1} (id {row}) is null, not text; fix it or pass --skip-bad"
+                    f"{file}: row {row + 1} (id {row}) {bad[i]}; fix it or pass --skip-bad"
                 )
-            mask = pc.invert(texts.is_null())
+            mask = pa.array([i not in bad for i in range(table.num_rows)], type=pa.bool_())
             table, ids = table.filter(mask), ids.filter(mask)
         columns = [ids, table.column(column)] + [table.column(k) for k in keep if k != column]
         names = ["id", column] + [k for k in keep if k != column]

@@ -560,9 +560,7 @@ def test_rows_found_bad_while_encoding_are_row_errors(micro, embedder, tmp_path,
     skips them like any bad row, and the rows around them are right."""
     giant = "x" + "\u0301" * 1_100_000
     source = tmp_path / "in.jsonl"
-    source.write_text(
-        "".join(json.dumps({"text": t}) + "\n" for t in ["fine", giant, "also fine"])
-    )
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["fine", giant, "also fine"]))
     out = tmp_path / "out.npy"
     assert cli.main(["encode", str(micro), "-i", str(source), "-o", str(out)]) == 2
     err = _err(capsys)
@@ -591,3 +589,24 @@ def test_rows_found_bad_while_encoding_are_row_errors(micro, embedder, tmp_path,
     np.testing.assert_allclose(
         vectors[[0, 2]], embedder.encode(["fine", "also fine"]), rtol=0, atol=1e-5
     )
+
+
+def test_ray_row_groups_refuse_or_skip_invalid_utf8(tmp_path):
+    """The Ray Data reader (``bertfast encode --ray``) shares the Parquet row check:
+    a text or kept value that is not UTF-8 is named, or dropped with skip_bad."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from bertfast.ray import parquet_row_groups, read_row_groups
+
+    path = tmp_path / "in.parquet"
+    texts = _invalid_utf8(pa, [b"fine", b"\xff\xfe", None, b"ok"])
+    docs = _invalid_utf8(pa, [b"a", b"b", b"c", b"\xc3"])
+    pq.write_table(pa.table({"text": texts, "doc": docs}), path)
+    groups, total = parquet_row_groups(str(path), "text", ["doc"])
+    assert total == 4
+    batch = {k: np.array([g[k] for g in groups]) for k in ("file", "row_group", "first_id", "uri")}
+    with pytest.raises(ValueError, match=r"row 2 \(id 1\) text is not valid UTF-8"):
+        read_row_groups(batch, "text", ["doc"])
+    table = read_row_groups(batch, "text", ["doc"], skip_bad=True)
+    assert table.column("id").to_pylist() == [0]
+    assert table.column("text").to_pylist() == ["fine"]
