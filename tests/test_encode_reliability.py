@@ -69,6 +69,16 @@ def _dies_after(n: int, effect=None):
     return encode
 
 
+def _txt_run(micro, tmp_path, n: int, seed: int, chunk_size: int):
+    """``n`` short texts in a .txt file: (texts, the .npy output, the CLI arguments)."""
+    texts = tiny_embedder.corpus(n, seed=seed, max_words=6)
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(texts) + "\n")
+    out = tmp_path / "out.npy"
+    args = ["encode", str(micro), "-i", str(source), "-o", str(out)]
+    return texts, out, args + ["--chunk-size", str(chunk_size), "--no-progress"]
+
+
 def _interrupt(args, after: int = 3):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Embedder, "encode", _dies_after(after + 1))
@@ -148,12 +158,7 @@ def test_two_concurrent_runs_lose_no_rows(micro, embedder, tmp_path, capsys):
     """The failing case: a second run on the same output while the first ran used to
     recreate the partial folder, and the first then moved a half-zero file into
     place. Now the second stops at once and the first finishes intact."""
-    texts = tiny_embedder.corpus(3000, seed=3, max_words=6)
-    source = tmp_path / "in.txt"
-    source.write_text("\n".join(texts) + "\n")
-    out = tmp_path / "out.npy"
-    args = ["encode", str(micro), "-i", str(source), "-o", str(out), "--chunk-size", "1000"]
-    args += ["--no-progress"]
+    texts, out, args = _txt_run(micro, tmp_path, 3000, seed=3, chunk_size=1000)
     go = tmp_path / "go"
     first = subprocess.Popen(
         [sys.executable, "-c", _PAUSED_RUN, str(go), *args],
@@ -442,12 +447,7 @@ def test_interrupted_run_releases_its_lock(micro, tmp_path):
 def test_killed_run_resumes(micro, embedder, tmp_path):
     """``kill -9`` in the middle of a run: the lock dies with the process and
     ``--resume`` finishes the same rows as an uninterrupted run."""
-    texts = tiny_embedder.corpus(20_000, seed=4, max_words=6)
-    source = tmp_path / "in.txt"
-    source.write_text("\n".join(texts) + "\n")
-    out = tmp_path / "out.npy"
-    args = ["encode", str(micro), "-i", str(source), "-o", str(out), "--chunk-size", "500"]
-    args += ["--no-progress"]
+    texts, out, args = _txt_run(micro, tmp_path, 20_000, seed=4, chunk_size=500)
     proc = subprocess.Popen(
         [sys.executable, "-m", "bertfast", *args],
         stdout=subprocess.PIPE,
