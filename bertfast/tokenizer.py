@@ -332,9 +332,11 @@ def _added_token_near(text: str, at: int, added: Sequence[str]) -> int | None:
 
 def _cut_point(text: str, size: int, added: Sequence[str]) -> int | None:
     """The largest ``c`` in ``(size // 2, size]`` with ``text[c - 1]`` not whitespace
-    and no added token near ``c``; None if there is none."""
+    and no added token near ``c``; None if there is none. ``c`` stays far enough from
+    the end that the search for added tokens stays inside ``text``, so the choice also
+    holds for any longer text that begins with ``text``."""
     low = size // 2
-    cut = size
+    cut = min(size, len(text) - max(map(len, added), default=0) - 2)
     while cut > low:
         cut = low + len(text[low:cut].rstrip())
         if cut <= low:
@@ -451,7 +453,9 @@ def cut_text(backend, text: str, needed: int, threshold: int, plan: _CutPlan) ->
     So the tokens of P's words that are not among its last ``_MARGIN_WORDS`` words and
     do not end in its last ``_MARGIN_CHARS`` characters are ``text``'s first tokens
     (:func:`_proven`). ``c`` starts at ``threshold`` and doubles until they number
-    ``needed``, up to ``CUT_MAX_CHARS``; a text shorter than ``c`` is kept whole.
+    ``needed``, up to ``CUT_MAX_CHARS``; a text shorter than ``c`` is kept whole. No
+    step looks past ``text``'s end unless the result is ``complete``, so an incomplete
+    result holds for every text that begins with ``text`` (:meth:`Tokenizer.head`).
 
     A word that is longer than that cannot be proven that way. For BERT's WordPiece
     it can: a word of more than ``max_input_chars_per_word`` characters is one

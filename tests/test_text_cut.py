@@ -13,6 +13,11 @@ and Unigram with Metaspace (XLM-R: a Precompiled charsmap built here, NFKC and t
 lower-casing, ``prepend_scheme="first"``; DeBERTa-v3: WhitespaceSplit then Metaspace,
 ``prepend_scheme="never"``). A Metaspace that does not split words (``split=False``)
 is a tokenizer the argument does not cover: its texts are tokenised whole.
+
+Also here: why the margins and the pair rule are what they are (each with the case
+that breaks a weaker one), texts past ``CUT_MAX_CHARS`` (BERT's over-long words and
+whitespace runs, errors for the rest), the server's bounded count, and the resident
+memory of embedding 50 MB texts.
 """
 
 from __future__ import annotations
@@ -394,6 +399,66 @@ def test_long_text_is_cut(zoo, name):
     extra = tok.backend.num_special_tokens_to_add(False)
     kept, complete = cut_text(tok.backend, text, 128 - extra, THRESHOLD, tok._cut_plan())
     assert not complete and text.startswith(kept) and len(kept) <= 2 * THRESHOLD
+
+
+def test_a_cut_contraction_changes_two_words(monkeypatch):
+    """GPT-2's pre-tokeniser reads ``'re`` as one word: a prefix ending in ``we'r``
+    has the words ``we``, ``'``, ``r`` where the text has ``we``, ``'re``. Trusting all
+    words but the last then gives a wrong token; the margins (two words, 64
+    characters) each cover it."""
+    backend = RustTokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=1500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    backend.train_from_iterator(
+        LINES + ["we're here, you're there, they're everywhere"] * 200, trainer
+    )
+    assert backend.token_to_id("'re") is not None
+    tok = Tokenizer(backend, 0)
+    head = _words(5000)[:4092].rstrip()
+    text = head + " " * (4092 - len(head)) + "we" + "'re here " * 300
+    cut = THRESHOLD  # where cut_text first cuts: after "we'r"
+    prefix = backend.encode(text[:cut], add_special_tokens=False)
+    assert prefix.tokens[-3:] == ["we", "'", "r"]
+    whole = backend.encode(text, add_special_tokens=False).ids
+    for words, chars, right in ((1, 0, False), (2, 0, True), (1, 64, True), (2, 64, True)):
+        monkeypatch.setattr(tokenizer_module, "_MARGIN_WORDS", words)
+        monkeypatch.setattr(tokenizer_module, "_MARGIN_CHARS", chars)
+        needed = max(
+            n for n in range(1, len(prefix.ids)) if tokenizer_module._proven(prefix, cut, n)
+        )
+        kept, _ = cut_text(backend, text, needed, THRESHOLD, tok._cut_plan())
+        ids = backend.encode(kept, add_special_tokens=False).ids[:needed]
+        assert (ids == whole[:needed]) == right, (words, chars)
+
+
+@pytest.mark.parametrize("name", ["albert", "roberta", "minilm"])
+def test_a_cut_holds_for_longer_texts(zoo, name):
+    """Unless it had to see the end, ``cut_text`` on a text's beginning gives the first
+    tokens of every text that begins so (``Tokenizer.head``, for a reader that holds
+    only the start of an over-long line). An added token can straddle the end of what
+    was read, and with ``lstrip`` it swallows the whitespace before it (200 Metaspace
+    words for ALBERT): the cut keeps clear of the end."""
+    tok = zoo[name]
+    backend, plan = tok.backend, tok._cut_plan()
+    backend.no_truncation()
+    mask = _mask(tok)
+    filler = _words(THRESHOLD - 201, seed=3)
+    cases = [
+        (filler + " " * 200 + mask[:2], len(backend.encode(filler).ids) + 50),
+        (_words(THRESHOLD + 300, seed=4), 100),
+        (_words(3 * THRESHOLD, seed=5)[:-3] + mask[:3], 600),
+    ]
+    tails = [mask[2:] + " more words", mask[3:] + " more", "x" * 300, " " * 300 + "end"]
+    for text, needed in cases:
+        kept, complete = cut_text(backend, text, needed, THRESHOLD, plan)
+        if complete:
+            continue
+        ids = backend.encode(kept, add_special_tokens=False).ids[:needed]
+        for tail in tails:
+            longer = backend.encode(text + tail, add_special_tokens=False).ids[:needed]
+            assert ids == longer, (len(text), needed, tail[:10])
 
 
 @pytest.mark.parametrize("name", NAMES)
