@@ -865,6 +865,8 @@ def lock_output(output: Path) -> OutputLock:
                 f"{folder} exists and is not a folder; remove it (bertfast keeps an "
                 "unfinished run there)"
             ) from None
+        except OSError as exc:  # a read-only folder, a full disk...
+            raise StreamError(f"cannot create {folder}: {exc.strerror or exc}") from None
         try:
             fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except FileNotFoundError:
@@ -874,12 +876,17 @@ def lock_output(output: Path) -> OutputLock:
                 f"{folder} exists and is not a folder; remove it (bertfast keeps an "
                 "unfinished run there)"
             ) from None
+        except OSError as exc:
+            raise StreamError(f"cannot write in {folder}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
+                raise StreamError(
+                    f"cannot lock {folder / 'lock'} ({exc.strerror or exc}): this file "
+                    "system does not take locks; write the output to a local disk"
+                ) from None
             raise StreamError(
                 f"{output} is being written by {_holder(folder / 'lock')} (its lock: "
                 f"{folder / 'lock'}); wait for that run to end or stop it, then run "

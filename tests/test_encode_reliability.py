@@ -610,3 +610,22 @@ def test_ray_row_groups_refuse_or_skip_invalid_utf8(tmp_path):
     table = read_row_groups(batch, "text", ["doc"], skip_bad=True)
     assert table.column("id").to_pylist() == [0]
     assert table.column("text").to_pylist() == ["fine"]
+
+
+def test_unwritable_output_folder_is_one_line(micro, tmp_path, capsys, monkeypatch):
+    """A folder where the partial folder cannot be made (read-only: simulated, since
+    the tests may run as root) is one line and exit 2, not a traceback."""
+    import errno
+    import pathlib
+
+    source = tmp_path / "in.txt"
+    source.write_text("a\n")
+    out = tmp_path / "out.npy"
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", read_only)
+    assert cli.main(["encode", str(micro), "-i", str(source), "-o", str(out)]) == 2
+    err = _err(capsys)
+    assert "cannot create" in err and "Read-only file system" in err, err
