@@ -330,11 +330,9 @@ def cmd_encode(args) -> int:
         except stream.StreamError as exc:
             raise _stream_error(exc) from None
         start = time.perf_counter()
-        # The checkpoint's content fingerprint is hashed while the model loads.
-        pending = fingerprint.start(path)
         embedder = _load_embedder(path, args)
-        try:
-            checkpoint = pending.result()
+        try:  # what a --resume compares: the checkpoint's bytes
+            checkpoint = fingerprint.checkpoint_fingerprint(path)
         except (OSError, CheckpointError) as exc:
             raise UserError(f"cannot read checkpoint {path}: {exc}") from None
         loaded = time.perf_counter()

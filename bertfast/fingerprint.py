@@ -16,19 +16,19 @@ bertfast reads from the folder, its size and the SHA-256 of its bytes:
 
 A whole hash, not a sample: a fine-tuned checkpoint of the same architecture has the
 same sizes and the same safetensors header, and an edit to one tensor must be seen.
-SHA-256 runs at ~2 GB/s per core on CPUs with SHA extensions (a BERT-large folder,
-1.3 GB, in ~0.65 s from the page cache); :func:`start` computes it in a thread while
-the model loads, which reads the same pages.
+Its cost is one pass over the files at SHA-256's speed, about 2 GB/s per core on CPUs
+with SHA extensions (timings: ``benchmarks/results/<machine>/notes.md``). Hashing in a
+thread beside the model load was tried and gained nothing: the load keeps both cores
+busy.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from pathlib import Path
 
-__all__ = ["checkpoint_files", "checkpoint_fingerprint", "start", "FINGERPRINT_PREFIX"]
+__all__ = ["checkpoint_files", "checkpoint_fingerprint", "FINGERPRINT_PREFIX"]
 
 #: Keys of the fingerprint: ``"checkpoint file <relative name>"``.
 FINGERPRINT_PREFIX = "checkpoint file "
@@ -64,7 +64,7 @@ def _digest(path: str) -> str:
     size = 0
     with open(path, "rb") as f:
         while block := f.read(_BLOCK):
-            h.update(block)  # releases the GIL: a load can run beside it
+            h.update(block)
             size += len(block)
     return f"{size} bytes, sha256 {h.hexdigest()}"
 
@@ -74,35 +74,3 @@ def checkpoint_fingerprint(folder: str | os.PathLike) -> dict[str, str]:
     :func:`checkpoint_files`."""
     root = Path(folder)
     return {FINGERPRINT_PREFIX + name: _digest(str(root / name)) for name in checkpoint_files(root)}
-
-
-class _Pending:
-    """A fingerprint computed in a daemon thread; :meth:`result` waits for it and
-    re-raises what the thread raised."""
-
-    def __init__(self, folder):
-        self._value: dict[str, str] | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(folder,), name="bertfast-fingerprint", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, folder):
-        try:
-            self._value = checkpoint_fingerprint(folder)
-        except BaseException as exc:  # handed to the caller by result()
-            self._error = exc
-
-    def result(self) -> dict[str, str]:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._value is not None
-        return self._value
-
-
-def start(folder: str | os.PathLike) -> _Pending:
-    """Start :func:`checkpoint_fingerprint` of ``folder`` in a thread (call
-    ``.result()`` when it is needed)."""
-    return _Pending(folder)

@@ -311,7 +311,6 @@ def test_fingerprint_covers_what_the_loader_reads(micro):
     assert prints["checkpoint file model.safetensors"] == (
         f"{len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()}"
     )
-    assert fingerprint.start(micro).result() == prints
 
 
 # ---------------------------------------------------------------- Parquet resume
