@@ -32,7 +32,7 @@ if sys.argv[1] == "without":
     from bertfast import embedder, fingerprint, tokenizer
     fingerprint.checkpoint_fingerprint = lambda folder: {}
     tokenizer.Tokenizer._cut = lambda self, inputs, max_length: inputs
-    embedder.text_problem = lambda text: None
+    tokenizer.text_problem = lambda text: None
 from bertfast import cli
 sys.exit(cli.main(sys.argv[2:]))
 """

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .text import TextError, text_problem
+from .text import TextError
 from .tokenizer import Tokenizer, TokenizerError, model_max_length
 from .validate import (
     CheckpointError,
@@ -297,12 +297,10 @@ def token_budget_batches(
 
 def _check_texts(texts) -> tuple[list[str], bool]:
     """Returns (list of texts, whether the input was a single string). A text that is
-    not a string is a ``TypeError``, one that cannot be tokenised (a lone surrogate)
-    a :class:`~bertfast.text.TextError` (``ValueError``); both name ``texts[i]``."""
+    not a string is a ``TypeError`` naming ``texts[i]``; one that cannot be tokenised
+    (a lone surrogate) is the tokenizer's :class:`~bertfast.text.TextError`, which
+    names it too (looked for only when the tokenizer refuses a batch)."""
     if isinstance(texts, str):
-        problem = text_problem(texts)
-        if problem:
-            raise TextError(None, problem)
         return [texts], True
     if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Iterable):
         raise TypeError(
@@ -312,9 +310,6 @@ def _check_texts(texts) -> tuple[list[str], bool]:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"texts[{i}] must be a string, got {type(text).__name__}")
-        problem = text_problem(text)
-        if problem:
-            raise TextError(i, problem)
     return texts, False
 
 
@@ -473,7 +468,12 @@ class Embedder:
         if show_progress is None:
             show_progress = len(texts) >= PROGRESS_MIN_TEXTS
 
-        items = self.tokenizer.tokenize(texts) if texts else []
+        try:
+            items = self.tokenizer.tokenize(texts) if texts else []
+        except TextError as exc:
+            if single:  # one string: no index to name
+                raise TextError(None, exc.reason) from None
+            raise
         # Longest first: the first batch shows the peak memory at once.
         order = sorted(range(len(items)), key=lambda i: -len(items[i][0]))
         result = torch.empty((len(items), self.dim), dtype=torch.float32, device=self.device)

@@ -32,3 +32,12 @@ def pytest_collection_modifyitems(config, items):
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="session")
+def micro(tmp_path_factory):
+    """A 1-layer, hidden-32 random BERT checkpoint with a word-level vocab.txt
+    (tests/tiny_embedder.py): the model of the streaming and encode tests."""
+    from . import tiny_embedder
+
+    return tiny_embedder.make_checkpoint(tmp_path_factory.mktemp("micro"), size="micro")

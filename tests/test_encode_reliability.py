@@ -30,11 +30,6 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 @pytest.fixture(scope="module")
-def micro(tmp_path_factory):
-    return tiny_embedder.make_checkpoint(tmp_path_factory.mktemp("micro"), size="micro")
-
-
-@pytest.fixture(scope="module")
 def embedder(micro):
     return Embedder.from_pretrained(micro)
 

@@ -64,11 +64,6 @@ def run_measured(*args, cwd):
 
 
 @pytest.fixture(scope="module")
-def micro(tmp_path_factory):
-    return tiny_embedder.make_checkpoint(tmp_path_factory.mktemp("micro"), size="micro")
-
-
-@pytest.fixture(scope="module")
 def embedder(micro):
     return Embedder.from_pretrained(micro)
 
