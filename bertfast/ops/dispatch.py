@@ -22,10 +22,21 @@ which overrides "auto") picks the first backend in the device's preference order
 that supports the input. Naming a backend forces it; if it cannot run the input,
 the error says why. When no backend fits, :class:`BackendError` lists every
 backend's reason.
+
+**Candidates.** A backend may hold more than one implementation of an op: named
+*variants* (``Backend.variants``, e.g. the ``cuda`` backend's two attention kernels,
+the ``torch`` backend's SDPA attention) and, for Triton kernels, *configs* a caller
+may force instead of autotuning (``Backend.configs``). A :class:`Candidate` names one
+(backend, variant, config); :func:`candidates` lists those that can run an input (what
+a sweep or ``bertfast tune`` times) and :func:`implementation` returns the function
+of one. On CUDA, ``backend="auto"`` first asks the per-GPU winners table
+(``bertfast.ops.winners``) which candidate won for the op and shape bucket, and takes
+it when it can run the input; otherwise it walks the preference order.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import threading
@@ -38,6 +49,9 @@ import torch
 __all__ = [
     "Backend",
     "BackendError",
+    "Candidate",
+    "candidates",
+    "implementation",
     "BACKEND_NAMES",
     "get_backend",
     "select",
@@ -69,6 +83,33 @@ class BackendError(RuntimeError):
 
 Reason = Optional[str]  # noqa: UP045 (a runtime alias: str | None needs 3.10 eval)
 
+#: The variant name of a backend's own ``ops[op]`` implementation.
+DEFAULT = "default"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run ``op``: a backend, a variant of its kernel and (Triton) a forced
+    launch config, as sorted ``(name, value)`` pairs (empty: the backend's own choice,
+    e.g. autotuning)."""
+
+    op: str
+    backend: str
+    variant: str = DEFAULT
+    config: tuple = ()
+
+    @property
+    def label(self) -> str:
+        """``backend:variant`` plus ``[k=v,...]`` for a forced config (for tables)."""
+        out = self.backend if self.variant == DEFAULT else f"{self.backend}:{self.variant}"
+        if self.config:
+            out += "[" + ",".join(f"{k}={v}" for k, v in self.config) + "]"
+        return out
+
+    @staticmethod
+    def make(op: str, backend: str, variant: str = DEFAULT, config=None) -> Candidate:
+        return Candidate(op, backend, variant, tuple(sorted(dict(config or {}).items())))
+
 
 @dataclass
 class Backend:
@@ -87,8 +128,43 @@ class Backend:
     supports: dict[str, Callable[..., Reason]] = field(default_factory=dict)
     dtypes: tuple = (torch.float32, torch.float16, torch.bfloat16)
     unavailable: Callable[[str], Reason] = lambda device_type: None
+    #: op -> {variant name -> function}: implementations other than ``ops[op]`` (which
+    #: is the variant ``"default"``), each with the op's signature.
+    variants: dict[str, dict[str, Callable]] = field(default_factory=dict)
+    #: ``(op, variant)`` -> supports-style check of a variant; without one, a variant
+    #: is held to the op's ``supports`` check.
+    variant_supports: dict[tuple, Callable[..., Reason]] = field(default_factory=dict)
+    #: op -> ``configs(*args) -> list[dict]``: the launch configs a caller may force
+    #: for this input (Triton: the autotuner's list, pruned as it would prune it). An
+    #: op listed here takes ``config=`` (a dict, or None for the backend's choice) as a
+    #: keyword argument, in every variant.
+    configs: dict[str, Callable[..., list]] = field(default_factory=dict)
+
+    def variant_names(self, op: str) -> tuple:
+        if op not in self.ops:
+            return ()
+        return (DEFAULT, *self.variants.get(op, {}))
+
+    def why_not_variant(
+        self, op: str, variant: str, device_type: str, dtype: torch.dtype, args
+    ) -> Reason:
+        """Like :meth:`why_not`, for one variant of ``op``."""
+        if variant == DEFAULT:
+            return self.why_not(op, device_type, dtype, args)
+        if variant not in self.variants.get(op, {}):
+            return f"has no {op} variant {variant!r}"
+        check = self.variant_supports.get((op, variant), self.supports.get(op))
+        return self._why_not_at_all(op, device_type, dtype) or (check(*args) if check else None)
 
     def why_not(self, op: str, device_type: str, dtype: torch.dtype, args) -> Reason:
+        """None when ``ops[op]`` can run ``args``, else a short reason."""
+        reason = self._why_not_at_all(op, device_type, dtype)
+        if reason:
+            return reason
+        check = self.supports.get(op)
+        return check(*args) if check is not None else None
+
+    def _why_not_at_all(self, op: str, device_type: str, dtype: torch.dtype) -> Reason:
         if device_type not in self.device_types:
             return f"runs on {'/'.join(self.device_types)} tensors, got {device_type}"
         reason = self.unavailable(device_type)
@@ -98,10 +174,16 @@ class Backend:
             return f"has no {op} kernel"
         if dtype not in self.dtypes:
             return f"does not support {dtype}"
-        check = self.supports.get(op)
-        if check is not None:
-            return check(*args)
         return None
+
+    def function(self, op: str, variant: str = DEFAULT, config=None) -> Callable:
+        """The function of one variant, with ``config`` (a dict) bound when given."""
+        fn = self.ops[op] if variant == DEFAULT else self.variants[op][variant]
+        if config:
+            if op not in self.configs:
+                raise ValueError(f"backend {self.name!r} takes no launch config for {op}")
+            return functools.partial(fn, config=dict(config))
+        return fn
 
 
 class _Unimportable:
@@ -175,6 +257,39 @@ def select(op: str, backend: str, device_type: str, dtype: torch.dtype, args) ->
         f"bertfast.{op}: no backend can run this input ({device_type}, {dtype}):\n"
         + "\n".join(reasons)
     )
+
+
+def implementation(candidate: Candidate) -> Callable:
+    """The function that runs ``candidate`` (no check that it can run an input: use
+    :func:`candidates` or ``why_not_variant`` for that)."""
+    impl = get_backend(candidate.backend)
+    if isinstance(impl, _Unimportable):
+        raise BackendError(f"backend {candidate.backend!r} {impl.error}")
+    return impl.function(candidate.op, candidate.variant, dict(candidate.config))
+
+
+def candidates(
+    op: str, device_type: str, dtype: torch.dtype, args, with_configs: bool = False
+) -> list[Candidate]:
+    """Every (backend, variant) that can run ``args`` on ``device_type``, in preference
+    order then the other backends; with ``with_configs``, one candidate per launch
+    config a backend lets a caller force (plus its own choice, config empty). Triton
+    on CPU (the interpreter) is listed only when ``device_type`` is "cpu" and the
+    interpreter is on, as for a named backend."""
+    order = list(PREFERENCE.get(device_type, ("torch",)))
+    order += [n for n in BACKEND_NAMES if n not in order]
+    out = []
+    for name in order:
+        impl = get_backend(name)
+        if isinstance(impl, _Unimportable):
+            continue
+        for variant in impl.variant_names(op):
+            if impl.why_not_variant(op, variant, device_type, dtype, args) is not None:
+                continue
+            out.append(Candidate(op, name, variant))
+            if with_configs and op in impl.configs:
+                out.extend(Candidate.make(op, name, variant, c) for c in impl.configs[op](*args))
+    return out
 
 
 def call(op: str, backend: str, device_type: str, dtype: torch.dtype, *args):
