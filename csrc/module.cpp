@@ -51,16 +51,19 @@ py::tuple names(const Names& list) {
   return t;
 }
 
+template <int... V>
+py::tuple values(bertfast::IntList<V...>) {
+  return py::make_tuple(V...);
+}
+
 py::dict constants() {
   using namespace bertfast;
   py::dict c;
   c["dtypes"] = names(kDTypeNames);            // code = index
   c["activations"] = names(kActivationNames);  // code = index
   c["no_activation"] = static_cast<int>(kNoActivation);
-  py::tuple dims(CudaAttentionHeadDims::kSize);
-  for (int i = 0; i < CudaAttentionHeadDims::kSize; ++i)
-    dims[i] = CudaAttentionHeadDims::kValues[i];
-  c["cuda_attention_head_dims"] = dims;
+  c["cuda_attention_head_dims"] = values(CudaAttentionHeadDims{});
+  c["cuda_flash_attention_head_dims"] = values(CudaFlashAttentionHeadDims{});
   c["max_layernorm_width"] = kMaxLayerNormWidth;
   c["max_grid_yz"] = kMaxGridYZ;
   c["max_cuda_seqlen"] = kMaxCudaSeqLen;

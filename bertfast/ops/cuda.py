@@ -12,6 +12,13 @@ Storage dtypes fp32, fp16 and bf16; statistics and accumulators in fp32 (fp32
 attention runs on CUDA cores, never TF32). GEMMs stay with torch: ``linear_gelu``
 is ``F.linear`` (cuBLAS, bias in its epilogue) followed by the in-place
 activation kernel.
+
+``attention`` and ``attention_varlen`` have a second kernel, the variant ``"flash"``
+(``kernels/cuda/flash_attention.cu``: FlashAttention-2 style, mma.sync with the
+scores, softmax and P in registers, cp.async double-buffered K/V; fp16 / bf16 on
+sm_80+). The default stays ``attention.cu``; dispatch takes the flash kernel only
+where the per-GPU winners table measured it faster with parity
+(``bertfast.ops.winners``), or when a caller asks for the candidate ``cuda:flash``.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import cuda_epilogue
 from .dispatch import Backend
 from .native import (
     _C,
@@ -38,6 +46,9 @@ from .native import (
 )
 from .native import (
     CUDA_ATTENTION_HEAD_DIMS as ATTENTION_HEAD_DIMS,
+)
+from .native import (
+    CUDA_FLASH_ATTENTION_HEAD_DIMS as FLASH_ATTENTION_HEAD_DIMS,
 )
 from .native import (
     contig as _c,
@@ -196,6 +207,76 @@ def _supports_attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
     ) or _dtype_on_device(qkv)
 
 
+# ---------------------------------------------------------------- attention, variant "flash"
+def flash_attention(qkv, attention_mask, num_heads, scale):
+    return _kernels.flash_attention(
+        _aligned(qkv), mask_operand(attention_mask), int(num_heads), float(scale), _stream(qkv)
+    )
+
+
+def flash_attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
+    return _kernels.flash_attention_varlen(
+        _aligned(qkv),
+        cu_seqlens.contiguous(),
+        int(max_seqlen),
+        int(num_heads),
+        float(scale),
+        _stream(qkv),
+    )
+
+
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _flash_device(device: torch.device) -> str | None:
+    """Why the flash kernel cannot run on ``device`` (cp.async and bf16 mma: sm_80+)."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major, minor = _capability(index)
+    if major < 8:
+        return f"the flash kernel needs compute capability 8.0+, device has {major}.{minor}"
+    return None
+
+
+def _flash_limits(qkv: Tensor, num_heads: int, batch: int, seqlen: int) -> str | None:
+    if qkv.dtype not in _FLASH_DTYPES:
+        return f"the flash kernel takes float16 / bfloat16, not {qkv.dtype} (the default runs it)"
+    hidden = qkv.shape[-1] // 3
+    if hidden * qkv.element_size() % 16:
+        return (
+            f"rows of hidden size {hidden} are not a multiple of 16 bytes "
+            "(the flash kernel copies rows in 16-byte pieces)"
+        )
+    if getattr(_kernels, "flash_attention", None) is None:  # an extension built before it
+        return "this build of bertfast._C has no flash attention kernel (rebuild it)"
+    head_dim = hidden // num_heads
+    if head_dim not in FLASH_ATTENTION_HEAD_DIMS:
+        return (
+            f"head_dim {head_dim} is not one of the flash kernel's head dims "
+            f"{', '.join(map(str, FLASH_ATTENTION_HEAD_DIMS))}"
+        )
+    if num_heads > MAX_GRID_YZ:
+        return f"num_heads {num_heads} > {MAX_GRID_YZ}"
+    if batch > MAX_GRID_YZ:
+        return f"batch {batch} > {MAX_GRID_YZ} sequences"
+    if seqlen > MAX_CUDA_SEQLEN:
+        return f"sequence length {seqlen} > {MAX_CUDA_SEQLEN}"
+    tokens = qkv.numel() // qkv.shape[-1] if qkv.shape[-1] else 0
+    if tokens > MAX_CUDA_ROWS:
+        return f"{tokens} tokens > {MAX_CUDA_ROWS}"
+    return _flash_device(qkv.device)
+
+
+def _supports_flash_attention(qkv, attention_mask, num_heads, scale):
+    B, S, _ = qkv.shape
+    return _flash_limits(qkv, num_heads, B, S)
+
+
+def _supports_flash_attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
+    return _flash_limits(qkv, num_heads, cu_seqlens.numel() - 1, max_seqlen)
+
+
 # ---------------------------------------------------------------- pack / unpack
 def pack_tokens(x, indices):
     return _kernels.pack_rows(x.contiguous(), indices.contiguous(), _stream(x))
@@ -218,4 +299,15 @@ BACKEND = Backend(
     },
     dtypes=DTYPES,
     unavailable=_unavailable,
+    variants={
+        "attention": {"flash": flash_attention},
+        "attention_varlen": {"flash": flash_attention_varlen},
+        # cuBLASLt's bias + activation epilogue (only for the GELU form it computes).
+        "linear_gelu": {"cublaslt": cuda_epilogue.linear_gelu_cublaslt},
+    },
+    variant_supports={
+        ("attention", "flash"): _supports_flash_attention,
+        ("attention_varlen", "flash"): _supports_flash_attention_varlen,
+        ("linear_gelu", "cublaslt"): cuda_epilogue.supports_linear_gelu_cublaslt,
+    },
 )

@@ -134,11 +134,16 @@ class Backend:
     #: ``(op, variant)`` -> supports-style check of a variant; without one, a variant
     #: is held to the op's ``supports`` check.
     variant_supports: dict[tuple, Callable[..., Reason]] = field(default_factory=dict)
-    #: op -> ``configs(*args) -> list[dict]``: the launch configs a caller may force
-    #: for this input (Triton: the autotuner's list, pruned as it would prune it). An
-    #: op listed here takes ``config=`` (a dict, or None for the backend's choice) as a
-    #: keyword argument, in every variant.
-    configs: dict[str, Callable[..., list]] = field(default_factory=dict)
+    #: op, or ``(op, variant)`` for one variant only -> ``configs(*args) -> list[dict]``:
+    #: the launch configs a caller may force for this input (Triton: the autotuner's
+    #: list, pruned as it would prune it; SDPA: torch's kernels). A function listed
+    #: here takes ``config=`` (a dict, or None for the backend's choice) as a keyword.
+    configs: dict = field(default_factory=dict)
+
+    def configs_for(self, op: str, variant: str = DEFAULT) -> Callable[..., list] | None:
+        """The ``configs(*args)`` function of one variant of ``op``, or None when it
+        takes no forced config."""
+        return self.configs.get((op, variant), self.configs.get(op))
 
     def variant_names(self, op: str) -> tuple:
         if op not in self.ops:
@@ -180,7 +185,7 @@ class Backend:
         """The function of one variant, with ``config`` (a dict) bound when given."""
         fn = self.ops[op] if variant == DEFAULT else self.variants[op][variant]
         if config:
-            if op not in self.configs:
+            if self.configs_for(op, variant) is None:
                 raise ValueError(f"backend {self.name!r} takes no launch config for {op}")
             return functools.partial(fn, config=dict(config))
         return fn
@@ -238,7 +243,11 @@ def _requested(backend: str) -> str:
 
 
 def select(op: str, backend: str, device_type: str, dtype: torch.dtype, args) -> Callable:
-    """The implementation of ``op`` that will run ``args``, or a BackendError."""
+    """The implementation of ``op`` that will run ``args``, or a BackendError.
+
+    For ``"auto"`` on CUDA the winners table of the GPU (``bertfast.ops.winners``)
+    is asked first; its candidate is taken when it can run ``args``. On the CPU the
+    table is never consulted (nor its module imported)."""
     name = _requested(backend)
     if name != "auto":
         impl = get_backend(name)
@@ -246,6 +255,10 @@ def select(op: str, backend: str, device_type: str, dtype: torch.dtype, args) ->
         if reason is None:
             return impl.ops[op]
         raise BackendError(f"bertfast.{op}: backend {name!r} cannot run this input: {reason}")
+    if device_type == "cuda":
+        impl = _winner(op, dtype, args)
+        if impl is not None:
+            return impl
     reasons = []
     for candidate in PREFERENCE.get(device_type, ("torch",)):
         impl = get_backend(candidate)
@@ -257,6 +270,29 @@ def select(op: str, backend: str, device_type: str, dtype: torch.dtype, args) ->
         f"bertfast.{op}: no backend can run this input ({device_type}, {dtype}):\n"
         + "\n".join(reasons)
     )
+
+
+_winners = None  # bertfast.ops.winners, imported at the first CUDA "auto" selection
+
+
+def _winner(op: str, dtype: torch.dtype, args) -> Callable | None:
+    """The function of the candidate the winners table names for this input, when it
+    can run it (``why_not_variant``); None otherwise (and for ops it does not tune)."""
+    global _winners
+    winners = _winners
+    if winners is None:
+        from . import winners
+
+        _winners = winners
+    candidate = winners.lookup(op, args[0].get_device(), dtype, args)  # the CUDA index
+    if candidate is None:
+        return None
+    impl = get_backend(candidate.backend)
+    if isinstance(impl, _Unimportable):
+        return None
+    if impl.why_not_variant(op, candidate.variant, "cuda", dtype, args) is not None:
+        return None
+    return impl.function(op, candidate.variant, dict(candidate.config) or None)
 
 
 def implementation(candidate: Candidate) -> Callable:
@@ -287,8 +323,9 @@ def candidates(
             if impl.why_not_variant(op, variant, device_type, dtype, args) is not None:
                 continue
             out.append(Candidate(op, name, variant))
-            if with_configs and op in impl.configs:
-                out.extend(Candidate.make(op, name, variant, c) for c in impl.configs[op](*args))
+            listing = impl.configs_for(op, variant) if with_configs else None
+            if listing is not None:
+                out.extend(Candidate.make(op, name, variant, c) for c in listing(*args))
     return out
 
 

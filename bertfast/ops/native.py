@@ -31,6 +31,8 @@ DTYPES = tuple(getattr(torch, name) for name in CONSTANTS.get("dtypes", ()))
 ACTIVATIONS = tuple(CONSTANTS.get("activations", ()))
 #: Head dims the CUDA attention kernel is compiled for.
 CUDA_ATTENTION_HEAD_DIMS = tuple(CONSTANTS.get("cuda_attention_head_dims", ()))
+#: Head dims of the FlashAttention-2-style CUDA kernel (the cuda backend's "flash" variant).
+CUDA_FLASH_ATTENTION_HEAD_DIMS = tuple(CONSTANTS.get("cuda_flash_attention_head_dims", ()))
 #: Widest LayerNorm row the CUDA kernels hold in registers.
 MAX_LAYERNORM_WIDTH = CONSTANTS.get("max_layernorm_width", 0)
 #: CUDA grid y / z limit (attention: heads on y, sequences on z).

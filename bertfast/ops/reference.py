@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import sdpa as _sdpa
 from .dispatch import Backend
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
@@ -184,4 +185,23 @@ BACKEND = Backend(
         "unpack_tokens": unpack_tokens,
     },
     dtypes=(torch.float32, torch.float16, torch.bfloat16, torch.float64),
+    # torch's own kernels in the storage dtype (bertfast/ops/sdpa.py): SDPA (flash /
+    # memory-efficient / cuDNN / math, torch's pick) and torch's varlen kernel
+    variants={
+        "attention": {"sdpa": _sdpa.attention},
+        "attention_varlen": {"sdpa": _sdpa.attention_varlen},
+    },
+    variant_supports={
+        ("attention", "sdpa"): _sdpa.supports_attention,
+        ("attention_varlen", "sdpa"): _sdpa.supports_attention_varlen,
+    },
+    # The SDPA kernels the sdpa variants may be forced to ({"sdpa_backend": name}),
+    # listed on CUDA tensors only. Keyed by (op, variant): they belong to the sdpa
+    # variant alone (the spec computes in fp32, which flash and cuDNN refuse), while
+    # dispatch reads op-name keys, for every variant of the op; these become
+    # candidates once dispatch also reads (op, variant) keys.
+    configs={
+        ("attention", "sdpa"): _sdpa.attention_configs,
+        ("attention_varlen", "sdpa"): _sdpa.attention_varlen_configs,
+    },
 )

@@ -144,17 +144,37 @@ Tensor bias_act(const Tensor& x, const OptTensor& bias, const std::string& activ
   return out;
 }
 
-// The CUDA attention kernel's own limits, on top of check_attention*.
-void check_attention_limits(const Op& op, const Tensor& qkv, const AttentionArgs& a) {
-  bool head_dim_ok = false;
-  for (int d : CudaAttentionHeadDims::kValues) head_dim_ok |= a.head_dim == d;
-  if (!head_dim_ok) {
-    std::string dims;
-    for (int d : CudaAttentionHeadDims::kValues)
-      dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+// The two CUDA attention kernels: attention.cu (every dtype) and the
+// FlashAttention-2-style flash_attention.cu (fp16 / bf16, sm_80+).
+enum class AttentionKernel { kDefault, kFlash };
+
+template <int... D>
+bool head_dim_in(IntList<D...>, int64_t head_dim) {
+  return ((head_dim == D) || ...);
+}
+
+template <int... D>
+std::string head_dim_list(IntList<D...>) {
+  std::string dims;
+  ((dims += (dims.empty() ? "" : ", ") + std::to_string(D)), ...);
+  return dims;
+}
+
+// A kernel's own limits, on top of check_attention*: one place for both kernels.
+void check_attention_limits(const Op& op, const Tensor& qkv, const AttentionArgs& a,
+                            AttentionKernel kernel) {
+  const bool flash = kernel == AttentionKernel::kFlash;
+  if (flash && a.dtype == kFloat32)
+    op.type_error(
+        "qkv is float32; the flash kernel takes float16 or bfloat16 (fp32 runs the "
+        "default attention kernel)");
+  const bool head_dim_ok = flash ? head_dim_in(CudaFlashAttentionHeadDims{}, a.head_dim)
+                                 : head_dim_in(CudaAttentionHeadDims{}, a.head_dim);
+  if (!head_dim_ok)
     op.value_error("head_dim " + std::to_string(a.head_dim) + " is not one of the compiled " +
-                   "head dims " + dims);
-  }
+                   "head dims " +
+                   (flash ? head_dim_list(CudaFlashAttentionHeadDims{})
+                          : head_dim_list(CudaAttentionHeadDims{})));
   if (a.num_heads > kMaxGridYZ)
     op.value_error("num_heads " + std::to_string(a.num_heads) + " > " + std::to_string(kMaxGridYZ));
   if (a.batch > kMaxGridYZ)
@@ -164,49 +184,103 @@ void check_attention_limits(const Op& op, const Tensor& qkv, const AttentionArgs
     op.value_error("sequence length " + std::to_string(a.seqlen) + " > 2^30");
   if (reinterpret_cast<std::uintptr_t>(qkv.const_data_ptr()) % 16)
     op.value_error("qkv's data must be 16-byte aligned (pass a fresh copy)");
-  if (qkv.scalar_type() == at::kBFloat16) {
+  if (flash) {
+    // 16-byte cp.async copies of every row (and 16-byte stores of out's rows).
+    if ((a.hidden * qkv.element_size()) % 16)
+      op.value_error("hidden size " + std::to_string(a.hidden) + " x " +
+                     std::to_string(qkv.element_size()) +
+                     " bytes is not a multiple of 16 (the flash kernel copies rows in "
+                     "16-byte pieces)");
+    // The grid's x: query tiles of 128 rows, at most T / 128 + batch (padded: B x
+    // ceil(S / 128) <= B x S = T), below the grid limit.
+    if (a.tokens > kMaxCudaRows) op.value_error(std::to_string(a.tokens) + " rows > 2^31 - 1");
+  }
+  if (flash || qkv.scalar_type() == at::kBFloat16) {
     int major = 0;
     check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, qkv.get_device()),
           op.name(), "cudaDeviceGetAttribute");
-    if (major < 8) op.value_error("bf16 attention needs compute capability 8.0+");
+    if (major < 8)
+      op.value_error(flash ? "the flash attention kernel needs compute capability 8.0+"
+                           : "bf16 attention needs compute capability 8.0+");
   }
 }
 
-Tensor attention(const Tensor& qkv, const OptTensor& mask, int64_t num_heads, double scale,
-                 std::uintptr_t stream) {
-  Op op = cuda_op("attention");
+Tensor attention_padded(AttentionKernel kernel, const Tensor& qkv, const OptTensor& mask,
+                        int64_t num_heads, double scale, std::uintptr_t stream) {
+  const bool flash = kernel == AttentionKernel::kFlash;
+  Op op = cuda_op(flash ? "flash_attention" : "attention");
   const AttentionArgs a = check_attention(op, qkv, mask, num_heads);
-  check_attention_limits(op, qkv, a);
+  check_attention_limits(op, qkv, a, kernel);
   Tensor out = at::empty({a.batch, a.seqlen, a.hidden}, qkv.options());
   if (out.numel() == 0) return out;
+  const uint8_t* mask_ptr = mask ? static_cast<const uint8_t*>(mask->const_data_ptr()) : nullptr;
   run(op, out, [&] {
-    return cuda::launch_attention(
-        out.data_ptr(), qkv.const_data_ptr(),
-        mask ? static_cast<const uint8_t*>(mask->const_data_ptr()) : nullptr, nullptr, a.batch,
-        a.seqlen, a.tokens, static_cast<int>(a.num_heads), static_cast<int>(a.head_dim),
-        static_cast<float>(scale), a.dtype, stream_of(stream));
+    const int heads = static_cast<int>(a.num_heads), d = static_cast<int>(a.head_dim);
+    if (flash)
+      return cuda::launch_flash_attention(out.data_ptr(), qkv.const_data_ptr(), mask_ptr, nullptr,
+                                          nullptr, a.batch, a.seqlen, a.tokens, heads, d,
+                                          static_cast<float>(scale), a.dtype, stream_of(stream));
+    return cuda::launch_attention(out.data_ptr(), qkv.const_data_ptr(), mask_ptr, nullptr, a.batch,
+                                  a.seqlen, a.tokens, heads, d, static_cast<float>(scale), a.dtype,
+                                  stream_of(stream));
   });
   return out;
 }
 
-Tensor attention_varlen(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max_seqlen,
-                        int64_t num_heads, double scale, std::uintptr_t stream) {
-  Op op = cuda_op("attention_varlen");
+Tensor attention_packed(AttentionKernel kernel, const Tensor& qkv, const Tensor& cu_seqlens,
+                        int64_t max_seqlen, int64_t num_heads, double scale,
+                        std::uintptr_t stream) {
+  const bool flash = kernel == AttentionKernel::kFlash;
+  Op op = cuda_op(flash ? "flash_attention_varlen" : "attention_varlen");
   const AttentionArgs a = check_attention_varlen(op, qkv, cu_seqlens, max_seqlen, num_heads);
-  check_attention_limits(op, qkv, a);
+  check_attention_limits(op, qkv, a, kernel);
   // No sequence: every row is zero. Otherwise the kernel clamps cu_seqlens into
   // [0, T] (its values are not read on the host, so no sync): bounds-safe whatever
   // they hold; the public op has checked that they cover every row.
   if (a.batch == 0 || max_seqlen == 0) return at::zeros({a.tokens, a.hidden}, qkv.options());
   Tensor out = at::empty({a.tokens, a.hidden}, qkv.options());
   if (out.numel() == 0) return out;
+  // The flash kernel's tile table, built on the device from cu_seqlens: torch's
+  // allocator, on the stream the kernels run on (the current stream, which is
+  // what `stream` is), freed for reuse in stream order.
+  Tensor scratch;
+  if (flash)
+    scratch =
+        at::empty({cuda::flash_attention_scratch_ints(a.batch, a.tokens)}, cu_seqlens.options());
   run(op, out, [&] {
-    return cuda::launch_attention(out.data_ptr(), qkv.const_data_ptr(), nullptr,
-                                  cu_seqlens.const_data_ptr<int32_t>(), a.batch, a.seqlen, a.tokens,
-                                  static_cast<int>(a.num_heads), static_cast<int>(a.head_dim),
-                                  static_cast<float>(scale), a.dtype, stream_of(stream));
+    const int heads = static_cast<int>(a.num_heads), d = static_cast<int>(a.head_dim);
+    const int32_t* cu = cu_seqlens.const_data_ptr<int32_t>();
+    if (flash)
+      return cuda::launch_flash_attention(
+          out.data_ptr(), qkv.const_data_ptr(), nullptr, cu, scratch.data_ptr<int32_t>(), a.batch,
+          a.seqlen, a.tokens, heads, d, static_cast<float>(scale), a.dtype, stream_of(stream));
+    return cuda::launch_attention(out.data_ptr(), qkv.const_data_ptr(), nullptr, cu, a.batch,
+                                  a.seqlen, a.tokens, heads, d, static_cast<float>(scale), a.dtype,
+                                  stream_of(stream));
   });
   return out;
+}
+
+Tensor attention(const Tensor& qkv, const OptTensor& mask, int64_t num_heads, double scale,
+                 std::uintptr_t stream) {
+  return attention_padded(AttentionKernel::kDefault, qkv, mask, num_heads, scale, stream);
+}
+
+Tensor attention_varlen(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max_seqlen,
+                        int64_t num_heads, double scale, std::uintptr_t stream) {
+  return attention_packed(AttentionKernel::kDefault, qkv, cu_seqlens, max_seqlen, num_heads, scale,
+                          stream);
+}
+
+Tensor flash_attention(const Tensor& qkv, const OptTensor& mask, int64_t num_heads, double scale,
+                       std::uintptr_t stream) {
+  return attention_padded(AttentionKernel::kFlash, qkv, mask, num_heads, scale, stream);
+}
+
+Tensor flash_attention_varlen(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max_seqlen,
+                              int64_t num_heads, double scale, std::uintptr_t stream) {
+  return attention_packed(AttentionKernel::kFlash, qkv, cu_seqlens, max_seqlen, num_heads, scale,
+                          stream);
 }
 
 Tensor pack_rows(const Tensor& x, const Tensor& indices, std::uintptr_t stream) {
@@ -258,6 +332,10 @@ void register_cuda_ops(pybind11::module_& m) {
         arg("scale"), arg("stream"));
   k.def("attention_varlen", &attention_varlen, release_gil(), arg("qkv"), arg("cu_seqlens"),
         arg("max_seqlen"), arg("num_heads"), arg("scale"), arg("stream"));
+  k.def("flash_attention", &flash_attention, release_gil(), arg("qkv"), arg("mask"),
+        arg("num_heads"), arg("scale"), arg("stream"));
+  k.def("flash_attention_varlen", &flash_attention_varlen, release_gil(), arg("qkv"),
+        arg("cu_seqlens"), arg("max_seqlen"), arg("num_heads"), arg("scale"), arg("stream"));
   k.def("pack_rows", &pack_rows, release_gil(), arg("x"), arg("indices"), arg("stream"));
   k.def("unpack_rows", &unpack_rows, release_gil(), arg("x"), arg("indices"), arg("num_rows"),
         arg("stream"));

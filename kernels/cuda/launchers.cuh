@@ -47,6 +47,18 @@ cudaError_t launch_attention(void* out, const void* qkv, const uint8_t* mask,
                              int64_t total_tokens, int num_heads, int head_dim, float scale,
                              int dtype, cudaStream_t stream);
 
+// FlashAttention-2-style attention (flash_attention.cu): the contract and layouts
+// of launch_attention, fp16 / bf16 only (dtype float32 -> cudaErrorInvalidValue),
+// head dims of CudaFlashAttentionHeadDims, sm_80+. qkv and out 16-byte aligned and
+// H * 2 bytes a multiple of 16 (cudaErrorMisalignedAddress otherwise). Varlen
+// needs `scratch`: flash_attention_scratch_ints(batch, total_tokens) int32 of
+// device memory, used by the kernels on `stream` (null for padded).
+int64_t flash_attention_scratch_ints(int64_t batch, int64_t total_tokens);
+cudaError_t launch_flash_attention(void* out, const void* qkv, const uint8_t* mask,
+                                   const int32_t* cu_seqlens, int32_t* scratch, int64_t batch,
+                                   int64_t seqlen, int64_t total_tokens, int num_heads,
+                                   int head_dim, float scale, int dtype, cudaStream_t stream);
+
 // out[t] = x[indices[t]] for t < num_indices; rows are row_bytes bytes; an
 // index outside [0, num_src_rows) gives a zero row.
 cudaError_t launch_pack_rows(void* out, const void* x, const int64_t* indices, int64_t num_indices,

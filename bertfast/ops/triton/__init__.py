@@ -22,6 +22,9 @@ broken triton makes the backend unavailable with a reason instead of breaking
 Launches are CUDA-graph capturable (no host syncs in the launchers); the two
 autotuned kernels (``linear_gelu``, ``attention``) benchmark their configs on the
 first call per key, so run one warm-up call per shape bucket before capturing.
+Both take ``config=`` (a dict) to launch one config without autotuning (what a
+sweep times); ``BACKEND.configs`` lists the configs that may be forced for an
+input. Attention's config lists are per GPU generation (sm_90 / earlier).
 """
 
 from __future__ import annotations
@@ -87,11 +90,11 @@ def _lazy(module: str, name: str):
     """A function that imports ``bertfast.ops.triton.<module>`` on first call."""
     impl = None
 
-    def call(*args):
+    def call(*args, **kwargs):
         nonlocal impl
         if impl is None:
             impl = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        return impl(*args)
+        return impl(*args, **kwargs)
 
     call.__name__ = name
     call.__qualname__ = f"triton.{module}.{name}"
@@ -201,4 +204,13 @@ BACKEND = Backend(
     },
     dtypes=PACK_DTYPES,
     unavailable=_unavailable,
+    # The autotuned kernels take config= (a dict: exactly that launch config, no
+    # autotuning; a ValueError names what is wrong with a bad one); these list the
+    # configs a caller may force for an input (the autotuner's list for the device,
+    # pruned as it prunes it; under the interpreter its one small config).
+    configs={
+        "attention": _lazy("attention", "attention_configs"),
+        "attention_varlen": _lazy("attention", "attention_varlen_configs"),
+        "linear_gelu": _lazy("linear_act", "linear_gelu_configs"),
+    },
 )

@@ -1,5 +1,6 @@
 """Helpers shared by the Triton kernels: interpreter detection, launch sizing,
-autotune config lists, and the activation epilogue used by two kernels.
+autotune config lists and the checks of a forced config, the device's shared-memory
+limit, and the activation epilogue used by two kernels.
 
 This module imports triton; only the kernel modules import it (lazily, through
 ``bertfast.ops.triton.__init__``), so a missing triton never breaks ``import bertfast``.
@@ -7,6 +8,7 @@ This module imports triton; only the kernel modules import it (lazily, through
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -50,6 +52,87 @@ def dot_precision(dtype: torch.dtype) -> str:
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return "ieee"
     return "tf32"
+
+
+#: Shared memory per block (opt-in maximum) by compute capability, where triton's
+#: driver cannot be asked: H100 228 KB - 1 KB, A100 164 KB - 1 KB, consumer Ampere /
+#: Ada 100 KB - 1 KB; anything else: the 48 KB every CUDA GPU has.
+_SHARED_MEMORY_BY_CAPABILITY = {(9, 0): 232448, (8, 0): 166912, (8, 7): 166912, (8, 6): 101376}
+_SHARED_MEMORY_DEFAULT = 49152
+
+
+@functools.cache
+def _max_shared_memory(index: int) -> int:
+    try:
+        from triton.runtime import driver
+
+        return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except Exception:  # an older / newer driver API: the table
+        cap = tuple(torch.cuda.get_device_capability(index))
+        if cap in _SHARED_MEMORY_BY_CAPABILITY:
+            return _SHARED_MEMORY_BY_CAPABILITY[cap]
+        if cap >= (9, 0):
+            return _SHARED_MEMORY_BY_CAPABILITY[(9, 0)]
+        if cap >= (8, 6):
+            return _SHARED_MEMORY_BY_CAPABILITY[(8, 6)]
+        return _SHARED_MEMORY_DEFAULT
+
+
+def max_shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory one program may use on ``device`` (a CUDA device)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _max_shared_memory(index)
+
+
+def _is_pow2(n) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def check_launch_config(
+    op: str, config, keys: tuple, blocks: tuple, max_block: int, min_block: int = 16
+) -> dict:
+    """A forced launch config (``config=``) as a dict of ints, or a one-line ValueError.
+
+    ``keys``: the keys the kernel takes, all required; ``blocks``: those that are tile
+    sizes (powers of two in [min_block, max_block]); ``num_warps`` a power of two up to
+    16; ``num_stages`` 1 to 8. Limits that depend on the input (registers, shared
+    memory) are the kernel module's to check.
+    """
+    expected = ", ".join(keys)
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"{op} config must be a dict with the keys {expected}, got {type(config).__name__}"
+        )
+    unknown = [k for k in config if k not in keys]
+    missing = [k for k in keys if k not in config]
+    if unknown or missing:
+        what = "; ".join(
+            part
+            for part in (
+                f"unknown key(s) {', '.join(map(str, unknown))}" if unknown else "",
+                f"missing key(s) {', '.join(missing)}" if missing else "",
+            )
+            if part
+        )
+        raise ValueError(f"{op} config {config}: {what}; expected exactly {expected}")
+    for k, v in config.items():
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{op} config {config}: {k} must be an int, got {v!r}")
+    for k in blocks:
+        v = config[k]
+        if not (_is_pow2(v) and min_block <= v <= max_block):
+            raise ValueError(
+                f"{op} config {config}: {k}={v} is not a power of two in [{min_block}, {max_block}]"
+            )
+    if "num_warps" in keys and not (_is_pow2(config["num_warps"]) and config["num_warps"] <= 16):
+        raise ValueError(
+            f"{op} config {config}: num_warps={config['num_warps']} is not 1, 2, 4, 8 or 16"
+        )
+    if "num_stages" in keys and not 1 <= config["num_stages"] <= 8:
+        raise ValueError(
+            f"{op} config {config}: num_stages={config['num_stages']} is not in [1, 8]"
+        )
+    return {k: int(v) for k, v in config.items()}
 
 
 def elementwise_warps(tile_elements: int) -> int:

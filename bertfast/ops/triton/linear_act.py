@@ -6,7 +6,9 @@ Tiled GEMM: each program owns a BLOCK_M x BLOCK_N output tile and walks K in
 BLOCK_K steps with ``tl.dot`` into an fp32 accumulator. Programs are ordered in
 groups of GROUP_M row-tiles so neighbouring programs share weight tiles in L2.
 Autotuned on GPUs, keyed on (M bucket, N, K) and the dtypes; under the interpreter
-one small config.
+one small config. ``config=`` (a dict, see :func:`check_config`) launches exactly
+that config without autotuning; :func:`linear_gelu_configs` lists the configs a caller
+may force for an input (the autotuner's list, pruned as it prunes it).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from ._common import (
     apply_activation,
     bucket,
     cast_out,
+    check_launch_config,
     configs,
     dot_precision,
+    max_shared_memory,
     rows_of,
 )
 
@@ -51,12 +55,88 @@ _GPU_CONFIGS = [
 ]
 _INTERPRET_CONFIG = _cfg(64, 64, 32, 4, 1)
 
+#: Keys of a forced config (``config=``), all required.
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+#: Most fp32 accumulator values per thread (the [BLOCK_M, BLOCK_N] tile in registers).
+_MAX_ACC_PER_THREAD = 256
+
+
+def shared_memory_estimate(block_m, block_n, block_k, num_stages, elem_bytes) -> int:
+    """Bytes of shared memory a config takes: ``num_stages`` buffers of the x and w
+    tiles. What triton allocates on sm_90, an upper bound on sm_80 (asserted against
+    compiled kernels in tests/ops/test_triton_sm90_compile.py)."""
+    return num_stages * (block_m + block_n) * block_k * elem_bytes
+
+
+def _fits(device, block_m, block_n, block_k, num_warps, num_stages, elem_bytes) -> str:
+    """Why a tile cannot run on ``device``, or ""."""
+    per_thread = block_m * block_n // (32 * num_warps)
+    if per_thread > _MAX_ACC_PER_THREAD:
+        return (
+            f"BLOCK_M x BLOCK_N = {block_m} x {block_n} holds {per_thread} fp32 values per "
+            f"thread with {num_warps} warps (at most {_MAX_ACC_PER_THREAD})"
+        )
+    if device.type == "cuda":
+        need = shared_memory_estimate(block_m, block_n, block_k, num_stages, elem_bytes)
+        limit = max_shared_memory(device)
+        if need > limit:
+            return f"needs ~{need} bytes of shared memory, the device has {limit}"
+    return ""
+
 
 def _prune(configs_, named_args, **kwargs):
-    """Skip row tiles much taller than the token count (small batches)."""
+    """Skip row tiles much taller than the token count (small batches) and tiles that do
+    not fit the device (shared memory: fp32 with the widest tiles)."""
     m_bucket = named_args["m_bucket"]
-    kept = [c for c in configs_ if c.kwargs["BLOCK_M"] <= max(16, m_bucket)]
+    x = named_args["x_ptr"]
+    kept = [
+        c
+        for c in configs_
+        if c.kwargs["BLOCK_M"] <= max(16, m_bucket)
+        and not _fits(
+            x.device,
+            c.kwargs["BLOCK_M"],
+            c.kwargs["BLOCK_N"],
+            c.kwargs["BLOCK_K"],
+            c.num_warps,
+            c.num_stages,
+            x.element_size(),
+        )
+    ]
     return kept or configs_[-1:]
+
+
+def check_config(config, x: torch.Tensor) -> dict:
+    """``config`` as launch arguments, or a one-line ValueError: exactly the keys
+    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages; tiles powers of two from
+    16 to 256; GROUP_M from 1 to 64; an accumulator that fits the registers and tiles
+    that fit (on a GPU) the device's shared memory."""
+    cfg = check_launch_config(
+        "linear_gelu", config, CONFIG_KEYS, blocks=("BLOCK_M", "BLOCK_N", "BLOCK_K"), max_block=256
+    )
+    if not 1 <= cfg["GROUP_M"] <= 64:
+        raise ValueError(f"linear_gelu config {config}: GROUP_M={cfg['GROUP_M']} is not in [1, 64]")
+    why = _fits(
+        x.device,
+        cfg["BLOCK_M"],
+        cfg["BLOCK_N"],
+        cfg["BLOCK_K"],
+        cfg["num_warps"],
+        cfg["num_stages"],
+        x.element_size(),
+    )
+    if why:
+        raise ValueError(f"linear_gelu config {config}: {why}")
+    return cfg
+
+
+def linear_gelu_configs(x, weight, bias, activation) -> list:
+    """The configs ``linear_gelu(..., config=)`` may be forced to for this input."""
+    named = {"m_bucket": bucket(rows_of(x), 4096), "x_ptr": x}
+    return [
+        {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+        for c in _prune(_linear_act_kernel.configs, named)
+    ]
 
 
 # out[m, n] = act(sum_k x[m, k] * w[n, k] + bias[n])
@@ -137,8 +217,11 @@ def _linear_act_kernel(
     )
 
 
-def launch_linear_act(x2: torch.Tensor, weight: torch.Tensor, bias, activation: str):
-    """x2 [M, K] (any strides), weight [N, K] -> act(x2 @ weight.T + bias) [M, N]."""
+def launch_linear_act(x2: torch.Tensor, weight: torch.Tensor, bias, activation: str, config=None):
+    """x2 [M, K] (any strides), weight [N, K] -> act(x2 @ weight.T + bias) [M, N];
+    ``config``: a forced launch config (dict), or None to autotune."""
+    # a bad config is refused before any early return: the same answer for every shape
+    cfg = None if config is None else check_config(config, x2)
     M, K = x2.shape
     N = weight.shape[0]
     out = torch.empty((M, N), dtype=x2.dtype, device=x2.device)
@@ -153,7 +236,10 @@ def launch_linear_act(x2: torch.Tensor, weight: torch.Tensor, bias, activation: 
     def grid(meta):
         return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
-    _linear_act_kernel[grid](
+    # the autotuner, or (a forced config) the heuristics under it, which still derive
+    # EVEN_K from K and the config's BLOCK_K
+    kernel = _linear_act_kernel if cfg is None else _linear_act_kernel.fn
+    kernel[grid](
         x2,
         weight,
         bias if bias is not None else weight,
@@ -170,11 +256,12 @@ def launch_linear_act(x2: torch.Tensor, weight: torch.Tensor, bias, activation: 
         ACTIVATION=ACTIVATION_CODES[activation],
         HAS_BIAS=bias is not None,
         DOT_PRECISION=dot_precision(x2.dtype),
+        **(cfg or {}),
     )
     return out
 
 
-def linear_gelu(x, weight, bias, activation):
+def linear_gelu(x, weight, bias, activation, config=None):
     x2 = x.reshape(rows_of(x), x.shape[-1])
-    out = launch_linear_act(x2, weight, bias, activation)
+    out = launch_linear_act(x2, weight, bias, activation, config)
     return out.view(tuple(x.shape[:-1]) + (weight.shape[0],))
