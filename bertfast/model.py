@@ -404,19 +404,12 @@ class BertfastModel(nn.Module):
         ``_prepare_counted``)."""
         return self._prepare_counted(input_ids, attention_mask, token_type_ids, position_ids)[:3]
 
-    def _prepare_counted(self, input_ids, attention_mask, token_type_ids, position_ids):
-        """Validate the inputs and fill in the defaults; returns ``(mask, token types or
-        None, positions, counts)``.
-
-        Metadata (types, shapes, devices) is checked first. The value checks (id
-        ranges, the RoBERTa position limit, all-zero token types for families without
-        them) and the packing counts (real tokens, longest row) are then read back to
-        the host together: *one* device-to-host transfer per forward, after which no
-        op of the forward pass reads device memory on the host. ``counts`` is
-        ``(keep, lengths, total, max_seqlen)`` for ``ops.pack_info_from_counts``, or
-        None while compiling (value checks need the values, so they are skipped when
-        tracing; the kernels are bounds-safe regardless).
-        """
+    def _check_inputs(self, input_ids, attention_mask, token_type_ids, position_ids):
+        """The host-side input checks (types, ranks, shapes, dtypes, devices; no device
+        read), in the order their errors are reported; returns ``(attention_mask,
+        token_type_ids, position_ids)`` with ``[S]`` / ``[1, S]`` position ids
+        broadcast to ``[B, S]`` (None where not given). Also raises here, on the host,
+        when default absolute positions cannot hold ``S`` tokens."""
         cfg = self.config
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
@@ -428,94 +421,136 @@ class BertfastModel(nn.Module):
         if B == 0 or S == 0:
             raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
         self._check_ids("input_ids", input_ids, None)
-
-        full = attention_mask is None  # every position real: counts known on the host
-        if full:
-            attention_mask = torch.ones(B, S, dtype=torch.int32, device=input_ids.device)
-        else:
+        if attention_mask is not None:
             self._check_ids("attention_mask", attention_mask, (B, S), ids=False)
             if attention_mask.is_complex():
                 raise TypeError("attention_mask must be a real (bool/int/float) tensor")
-
-        # Value checks, as (tensors to read, check of the values read); run at the end.
-        pending = []
-
-        def in_range(name, t, limit, what):
-            def check(lo, hi):
-                if lo < 0 or hi >= limit:
-                    bad = lo if lo < 0 else hi
-                    raise IndexError(f"{name} contains {bad}, outside [0, {limit}) ({what})")
-
-            pending.append((torch.aminmax(t), check))
-
-        in_range("input_ids", input_ids, cfg.vocab_size, "vocabulary size")
         if token_type_ids is not None:
             self._check_ids("token_type_ids", token_type_ids, (B, S))
-            if cfg.has_token_types:
-                in_range("token_type_ids", token_type_ids, cfg.type_vocab_size, "type_vocab_size")
-            else:
-
-                def all_zero(nonzero):
-                    if nonzero:
-                        raise ValueError(
-                            f"{cfg.model_type} has no token type embeddings: "
-                            f"token_type_ids must be omitted or all zero"
-                        )
-
-                pending.append((((token_type_ids != 0).any(),), all_zero))
-                token_type_ids = None
-        if cfg.has_token_types and token_type_ids is None:
-            token_type_ids = torch.zeros(B, S, dtype=torch.long, device=input_ids.device)
-
         if position_ids is not None:
             if isinstance(position_ids, torch.Tensor) and position_ids.dim() == 1:
                 position_ids = position_ids.unsqueeze(0)
             if isinstance(position_ids, torch.Tensor) and tuple(position_ids.shape) == (1, S):
                 position_ids = position_ids.expand(B, S)
             self._check_ids("position_ids", position_ids, (B, S))
-            in_range(
-                "position_ids", position_ids, cfg.max_position_embeddings, "max_position_embeddings"
-            )
-        else:
+        elif cfg.position_scheme != "roberta":  # positions 0 .. S - 1
+            self._check_values((("position_ids", "top", S, ""),), [S - 1])
+        return attention_mask, token_type_ids, position_ids
 
-            def fits(top):
-                if top >= cfg.max_position_embeddings:
-                    raise ValueError(
-                        f"sequence of {S} tokens needs position id {top}, but "
-                        f"max_position_embeddings is {cfg.max_position_embeddings} "
-                        f"(at most {cfg.max_seq_len} tokens for {cfg.model_type})"
-                    )
-
-            if cfg.position_scheme == "roberta":
-                real = input_ids.ne(cfg.pad_token_id).long()
-                position_ids = torch.cumsum(real, 1) * real + cfg.pad_token_id
-                pending.append(((position_ids.max(),), fits))
+    def _value_checks(self, types_given: bool, positions_given: bool, seqlen: int) -> tuple:
+        """The checks of input *values* of one forward, in the order they are reported:
+        ``(name, kind, limit, what)`` with kind ``"range"`` (reads the input's min and
+        max: ids in ``[0, limit)``), ``"zero"`` (reads whether any token type is
+        nonzero, for a family without token types) or ``"top"`` (reads the largest
+        default RoBERTa position id; ``limit`` is then the sequence length, for the
+        message). :meth:`_check_values` raises on the values read; the eager forward
+        reads them before its kernels (``_prepare_counted``), a CUDA graph computes
+        them inside the graph and reads them after (``graphs.py``). Default absolute
+        positions need no read: ``_check_inputs`` checks ``S - 1`` on the host."""
+        cfg = self.config
+        checks = [("input_ids", "range", cfg.vocab_size, "vocabulary size")]
+        if types_given:
+            if cfg.has_token_types:
+                checks.append(("token_type_ids", "range", cfg.type_vocab_size, "type_vocab_size"))
             else:
-                position_ids = torch.arange(S, device=input_ids.device).expand(B, S)
-                fits(S - 1)
+                checks.append(("token_type_ids", "zero", 0, ""))
+        if positions_given:
+            checks.append(
+                (
+                    "position_ids",
+                    "range",
+                    cfg.max_position_embeddings,
+                    "max_position_embeddings",
+                )
+            )
+        elif cfg.position_scheme == "roberta":
+            checks.append(("position_ids", "top", seqlen, ""))
+        return tuple(checks)
+
+    def _check_values(self, checks, values) -> None:
+        """Raise the error of the first check of ``checks`` (:meth:`_value_checks`)
+        that ``values`` (two per ``"range"`` check, one otherwise) fail."""
+        cfg = self.config
+        at = 0
+        for name, kind, limit, what in checks:
+            if kind == "range":
+                lo, hi = values[at], values[at + 1]
+                at += 2
+                if lo < 0 or hi >= limit:
+                    bad = lo if lo < 0 else hi
+                    raise IndexError(f"{name} contains {bad}, outside [0, {limit}) ({what})")
+                continue
+            value = values[at]
+            at += 1
+            if kind == "zero" and value:
+                raise ValueError(
+                    f"{cfg.model_type} has no token type embeddings: "
+                    f"token_type_ids must be omitted or all zero"
+                )
+            if kind == "top" and value >= cfg.max_position_embeddings:
+                raise ValueError(
+                    f"sequence of {limit} tokens needs position id {value}, but "
+                    f"max_position_embeddings is {cfg.max_position_embeddings} "
+                    f"(at most {cfg.max_seq_len} tokens for {cfg.model_type})"
+                )
+
+    def _prepare_counted(self, input_ids, attention_mask, token_type_ids, position_ids):
+        """Validate the inputs and fill in the defaults; returns ``(mask, token types or
+        None, positions, counts)``.
+
+        Metadata (types, shapes, devices) is checked first (``_check_inputs``). The
+        value checks (``_value_checks``: id ranges, the RoBERTa position limit, all-zero
+        token types for families without them) and the packing counts (real tokens,
+        longest row) are then read back to the host together: *one* device-to-host
+        transfer per forward, after which no op of the forward pass reads device
+        memory on the host. ``counts`` is ``(keep, lengths, total, max_seqlen)`` for
+        ``ops.pack_info_from_counts``, or None while compiling (value checks need the
+        values, so they are skipped when tracing; the kernels are bounds-safe
+        regardless).
+        """
+        cfg = self.config
+        attention_mask, token_type_ids, position_ids = self._check_inputs(
+            input_ids, attention_mask, token_type_ids, position_ids
+        )
+        B, S = input_ids.shape
+        device = input_ids.device
+        checks = self._value_checks(token_type_ids is not None, position_ids is not None, S)
+        full = attention_mask is None  # every position real: counts known on the host
+        if full:
+            attention_mask = torch.ones(B, S, dtype=torch.int32, device=device)
+
+        # Device scalars of the value checks, in the order of ``checks``.
+        scalars = [*torch.aminmax(input_ids)]
+        if token_type_ids is not None:
+            if cfg.has_token_types:
+                scalars += torch.aminmax(token_type_ids)
+            else:
+                scalars.append((token_type_ids != 0).any())
+                token_type_ids = None
+        if cfg.has_token_types and token_type_ids is None:
+            token_type_ids = torch.zeros(B, S, dtype=torch.long, device=device)
+        if position_ids is not None:
+            scalars += torch.aminmax(position_ids)
+        elif cfg.position_scheme == "roberta":
+            real = input_ids.ne(cfg.pad_token_id).long()
+            position_ids = torch.cumsum(real, 1) * real + cfg.pad_token_id
+            scalars.append(position_ids.max())
+        else:  # S - 1 was checked on the host
+            position_ids = torch.arange(S, device=device).expand(B, S)
 
         if torch.compiler.is_compiling():
             return attention_mask, token_type_ids, position_ids, None
         if full:
-            keep, lengths = None, torch.full((B,), S, dtype=torch.int32, device=input_ids.device)
+            keep, lengths = None, torch.full((B,), S, dtype=torch.int32, device=device)
         else:
             keep, lengths = ops.padding.mask_lengths(attention_mask)
-        # The one device -> host read of the forward pass.
-        scalars = [t for tensors, _ in pending for t in tensors]
-        if not full:
             scalars += [lengths.sum(), lengths.max()]
-        values = (
-            torch.stack(
-                [t if t.dtype == torch.int64 else t.to(torch.int64) for t in scalars]
-            ).tolist()
-            if scalars
-            else []
-        )
-        at = 0
-        for tensors, check in pending:
-            check(*values[at : at + len(tensors)])
-            at += len(tensors)
-        total, longest = (B * S, S) if full else values[at:]
+        # The one device -> host read of the forward pass.
+        values = torch.stack(
+            [t if t.dtype == torch.int64 else t.to(torch.int64) for t in scalars]
+        ).tolist()
+        self._check_values(checks, values)
+        total, longest = (B * S, S) if full else values[-2:]
         return attention_mask, token_type_ids, position_ids, (keep, lengths, total, longest)
 
     # ------------------------------------------------------------------- pack
@@ -784,25 +819,22 @@ class BertfastModel(nn.Module):
 
         Host syncs: ``_prepare_counted`` reads the value checks and the packing counts
         back once; every op after it runs with ``validate=False`` (its values were
-        checked there), so no layer syncs. Under ``torch.compile`` the whole function
+        checked there), so no layer syncs. With CUDA graphs on (and no hidden states
+        asked), a batch that fits a packed graph replays it after that same read
+        (``graphs.GraphCache.encode``). Under ``torch.compile`` the whole function
         traces as one graph (``ops.pack_info`` is a custom op with a data-dependent
         size; ``max_seqlen`` is then the padded length)."""
-        cfg = self.config
-        mask, types, pos, counts = self._prepare_counted(
-            input_ids, attention_mask, token_type_ids, position_ids
-        )
+        prepared = self._prepare_counted(input_ids, attention_mask, token_type_ids, position_ids)
         graphs = self._graphs
-        if graphs is not None and not output_hidden_states and counts is not None:
-            padded = graphs.run(input_ids, mask, types, pos)
-            if padded is not None:
-                info = self._pack_info(mask, counts)
-                h = ops.pack_tokens(
-                    padded.reshape(-1, padded.shape[-1]),
-                    info.indices,
-                    backend=self.backend,
-                    validate=False,
-                )
-                return h, info, None
+        if graphs is not None and not output_hidden_states:
+            got = graphs.encode(input_ids, *prepared)
+            if got is not None:
+                return got
+        return self._encode_prepared(input_ids, *prepared, output_hidden_states)
+
+    def _encode_prepared(self, input_ids, mask, types, pos, counts, output_hidden_states):
+        """``encode`` after ``_prepare_counted``: the eager padding-free encoder."""
+        cfg = self.config
         info = self._pack_info(mask, counts)
         ids_p = self._pack(input_ids, info)
         pos_p = self._pack(pos, info)
@@ -824,21 +856,43 @@ class BertfastModel(nn.Module):
         return h, info, states
 
     def encode_static(self, input_ids, attention_mask, token_type_ids, position_ids):
-        """The encoder on the *padded* layout with static shapes and no host sync (for
-        CUDA-graph capture, see ``graphs.py``): ``[B, S]`` ids, mask (nonzero = real),
-        token types (or None when the family has none) and positions, already
-        validated; returns the last hidden state ``[B, S, H]``, zero at padded
-        positions. Attention uses ``ops.attention`` with the key-padding mask."""
+        """The encoder on the *padded* layout with static shapes and no host read (what
+        a padded CUDA graph captures, see ``graphs.py``): ``[B, S]`` ids, key mask
+        (nonzero = real token), token types (None when the family has none) and
+        positions, all in range (validated, or clamped by the graph); returns the last
+        hidden state ``[B, S, H]``, zero at padded positions. The mask is converted to
+        the attention kernels' form (bool bytes) once here, not in every layer; a
+        bool mask is used as it is."""
         cfg = self.config
+        keep = attention_mask if attention_mask.dtype == torch.bool else attention_mask != 0
+        keep = keep.contiguous()
         h = self._embed(input_ids, position_ids, token_type_ids if cfg.has_token_types else None)
         nh, scale, be = cfg.num_heads, cfg.head_dim**-0.5, self.backend
-        h = self._layers(h, lambda qkv: ops.attention(qkv, attention_mask, nh, scale, backend=be))
-        return h.masked_fill((attention_mask == 0)[..., None], 0)
+        h = self._layers(h, lambda qkv: ops.attention(qkv, keep, nh, scale, backend=be))
+        return torch.where(keep[..., None], h, 0.0)
+
+    def encode_packed_static(self, input_ids, position_ids, token_type_ids, cu_seqlens, max_seqlen):
+        """The padding-free encoder with static shapes and no host read (what a packed
+        CUDA graph captures, see ``graphs.py``): ``[T]`` ids, positions and token types
+        (None when the family has none), all in range; ``cu_seqlens`` int32 rising
+        from 0 to ``T`` (every row of ``T`` in some sequence); ``max_seqlen`` at least
+        the longest sequence. Returns ``[T, H]``."""
+        cfg = self.config
+        types = token_type_ids if cfg.has_token_types else None
+        h = self._embed(input_ids, position_ids, types)
+        nh, scale, be = cfg.num_heads, cfg.head_dim**-0.5, self.backend
+        return self._layers(
+            h,
+            lambda qkv: ops.attention_varlen(
+                qkv, cu_seqlens, max_seqlen, nh, scale, backend=be, validate=False
+            ),
+        )
 
     def enable_cuda_graphs(self, enabled: bool | None = True, capture: bool = True):
-        """Run small batches through captured CUDA graphs (``graphs.GraphCache``);
-        ``enabled=None`` means on for CUDA devices. ``capture=False`` runs the same
-        static-shape path without graphs (testing on CPU)."""
+        """Replay CUDA graphs of the encoder and its head (``graphs.GraphCache``; the
+        policy is in ``graphs.py``); ``enabled=None`` means on for CUDA devices.
+        ``capture=False`` runs the same static-shape functions without graphs (how
+        they are tested on CPU)."""
         if not enabled and enabled is not None:
             self._graphs = None
             return self
@@ -871,9 +925,25 @@ class BertfastModel(nn.Module):
         input_ids, attention_mask, token_type_ids, position_ids, choices = head.flatten_inputs(
             input_ids, attention_mask, token_type_ids, position_ids
         )
-        h, info, states = self.encode(
-            input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states
-        )
+        graphs = self._graphs
+        if graphs is not None and not output_hidden_states:
+            # A small batch replays a padded graph, with no host read before the replay;
+            # another reads its counts (with the input checks) and replays a packed graph
+            # when one fits, else runs eagerly with the counts read (graphs.py).
+            out = graphs.forward(input_ids, attention_mask, token_type_ids, position_ids, choices)
+            if out is not None:
+                return out
+            prepared = self._prepare_counted(
+                input_ids, attention_mask, token_type_ids, position_ids
+            )
+            out = graphs.forward_packed(input_ids, *prepared, choices)
+            if out is not None:
+                return out
+            h, info, states = self._encode_prepared(input_ids, *prepared, False)
+        else:
+            h, info, states = self.encode(
+                input_ids, attention_mask, token_type_ids, position_ids, output_hidden_states
+            )
         out = EncoderOutput()
         out.last_hidden_state = self._unpack(h, info)
         if states is not None:
@@ -898,9 +968,10 @@ def from_pretrained(
     ``head`` is one of :data:`bertfast.heads.HEADS` or None (chosen from
     ``architectures`` in config.json). ``backend`` is passed to every op (``"auto"``,
     ``"torch"``, ``"cpu"``, ``"cuda"``, ``"triton"``). ``cuda_graphs`` (default: on
-    for CUDA devices unless ``BERTFAST_CUDA_GRAPHS=0``) replays small batches through
-    captured CUDA graphs (``graphs.py``); hidden states and larger batches run the
-    padding-free eager path.
+    for CUDA devices unless ``BERTFAST_CUDA_GRAPHS=0``) replays the encoder and its head
+    through captured CUDA graphs (``graphs.py``: padded graphs for small batches, packed
+    ones up to ``graphs.MAX_GRAPH_TOKENS`` real tokens); hidden states and larger
+    batches run the padding-free eager path.
 
     Everything is checked before any weight is read: ``backend`` (and
     ``BERTFAST_BACKEND``) x ``device`` x ``dtype`` (a backend that cannot run there is
