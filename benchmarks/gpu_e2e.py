@@ -49,9 +49,8 @@ DEFAULT_SHAPES = "1x128,32x128,64x256,32x512,r64x63x256"
 from bertfast.bench.providers import (  # noqa: E402
     BertfastProvider,
     CompileProvider,
-    TransformersProvider,
 )
-from bertfast.bench.workload import Batch, make_batch  # noqa: E402
+from bertfast.bench.workload import make_batch  # noqa: E402
 
 
 class AutoProvider(BertfastProvider):
@@ -64,33 +63,6 @@ class AutoProvider(BertfastProvider):
 
     def unavailable(self, device, dtype):
         return None
-
-
-class MaxAutotuneProvider(CompileProvider):
-    """``torch.compile(mode="max-autotune")`` of the transformers SDPA model."""
-
-    MODE = "max-autotune"
-
-    def __init__(self):
-        TransformersProvider.__init__(self, "sdpa", name="torch-compile-max-autotune")
-
-    def load(self, model_path, device, dtype):
-        model = self.load_module(model_path, device, dtype)
-        compiled = torch.compile(model, mode=self.MODE)
-
-        @torch.inference_mode()
-        def run(batch: Batch):
-            return compiled(
-                input_ids=batch.input_ids,
-                attention_mask=batch.attention_mask,
-                token_type_ids=batch.token_type_ids,
-            ).last_hidden_state
-
-        t0 = time.perf_counter()  # compile now, as CompileProvider does (then dynamic)
-        for b, s in ((2, 16), (3, 24)):
-            run(make_batch([s] * b, 1000, device=device))
-        run.info = {"compile_s": round(time.perf_counter() - t0, 1), "mode": self.MODE}
-        return run
 
 
 def tiny_model(folder: str) -> str:
@@ -109,7 +81,7 @@ def providers(names: list[str], device: str):
         if n == "bertfast-auto":
             out.append(AutoProvider())
         elif n == "torch-compile-max-autotune":
-            out.append(MaxAutotuneProvider())
+            out.append(CompileProvider(mode="max-autotune"))
         else:
             out.append(provider_by_name(n, device))
     return out
@@ -233,14 +205,9 @@ def main(argv=None) -> int:
         vocab = int(json.load(f)["vocab_size"])
     facts = device_facts(device)
     winners = os.environ.get("BERTFAST_WINNERS") or None
-    table = None
-    try:
-        from bertfast.ops import winners as w
+    from bertfast.ops import winners as w
 
-        if torch.device(device).type == "cuda":
-            table = w.table_summary(torch.device(device))
-    except Exception as exc:  # another engineer's module: report, do not stop
-        table = f"unknown ({type(exc).__name__}: {exc})"
+    table = w.table_summary(torch.device(device)) if torch.device(device).type == "cuda" else None
     print(
         f"e2e: {model_name} {str(dtype)[6:]} on {facts.get('gpu') or facts.get('cpu')}; "
         f"BERTFAST_WINNERS={winners}; table in use: {table}; isolation {isolation}"

@@ -52,13 +52,6 @@ STAGE = "b"
 
 
 # ---------------------------------------------------------------- the parity rule
-def parity(op, out, gold, same_dtype, dtype) -> tuple[str, float, float]:
-    """``("pass" | "fail: <why>", err, bound)`` by the project's rule
-    (``bertfast.ops.parity.verdict``, the one the tests use)."""
-    from bertfast.ops.parity import verdict
-
-    why, err, bound = verdict(op, out, gold, same_dtype, dtype)
-    return ("pass" if why is None else f"fail: {why}"), err, bound
 
 
 # ---------------------------------------------------------------- the cases
@@ -199,38 +192,15 @@ def estimate_row(case: Case, candidate, device_type: str, compiled: set, timing_
     return ROW_OVERHEAD_S + timing + compile_s
 
 
-def plan(all_cases, device, dispatch) -> list[tuple[Case, list]]:
-    """Each case with its candidates (listed on uninitialised inputs)."""
-    out = []
-    for case in all_cases:
-        args = case.inputs(device, fill=False)
-        try:
-            cands = dispatch.candidates(case.op, device.type, case.dtype, args, with_configs=True)
-        except Exception as exc:  # a backend's support check or config list that breaks
-            print(f"  {case.describe()}: candidates() raised {type(exc).__name__}: {exc}")
-            cands = []
-        out.append((case, cands))
-        del args
-    return out
-
-
 # ---------------------------------------------------------------- one row
 def sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def context_lost(exc: BaseException) -> bool:
-    """A CUDA error that poisons the context (every later launch would fail too)."""
-    text = f"{type(exc).__name__}: {exc}"
-    return "AcceleratorError" in text or any(
-        s in text for s in ("illegal memory access", "unspecified launch failure", "CUDA error")
-    )
-
-
 def measure(case, candidate, args, gold, same, device, dispatch, timing, dry) -> dict:
     """One candidate on one case: parity on its first call, then timed launches."""
-    from bertfast.bench.sweep import time_launches
+    from bertfast.bench.sweep import parity_text, time_launches
 
     fn = dispatch.implementation(candidate)
     call = lambda: fn(*args)  # noqa: E731
@@ -238,7 +208,7 @@ def measure(case, candidate, args, gold, same, device, dispatch, timing, dry) ->
     out = call()
     sync(device)
     first = time.perf_counter() - t0
-    result, err, bound = parity(case.op, out, gold, same, case.dtype)
+    result, err, bound = parity_text(case.op, out, gold, same, case.dtype)
     del out
     t0 = time.perf_counter()
     call()
@@ -286,7 +256,7 @@ def base_row(case: Case, candidate, bucket_key, args, facts, rank) -> dict:
             "head_dim": case.head_dim,
             "hidden": case.hidden,
         },
-        "bucket": bucket_key(case.op, args) if bucket_key else None,
+        "bucket": bucket_key(case.op, args),
         "candidate": candidate.label,
         "backend": candidate.backend,
         "variant": candidate.variant,
@@ -329,14 +299,10 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("gpu_sweep_attention: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
         return 3
-    from bertfast.bench.sweep import append_row, device_facts
+    from bertfast.bench.sweep import append_row, context_lost, device_facts, plan_candidates
     from bertfast.ops import dispatch, reference
+    from bertfast.ops.winners import bucket_key
 
-    try:
-        from bertfast.ops.winners import bucket_key
-    except ImportError as exc:  # another engineer's module, not there yet
-        print(f"  note: bertfast.ops.winners.bucket_key unavailable ({exc}); bucket is null")
-        bucket_key = None
     names = args.dtypes or ("float16,float32" if dry else "float16,bfloat16")
     dtypes = [getattr(torch, d.strip()) for d in names.split(",") if d.strip()]
     models = args.models or ",".join(DRY_MODELS if dry else MODELS)
@@ -346,7 +312,7 @@ def main(argv=None) -> int:
     facts = device_facts(device)
     all_cases = [c for c in cases(dry, models, dtypes) if c.op in ops]
 
-    planned = plan(all_cases, device, dispatch)
+    planned = plan_candidates(all_cases, device)
     compiled: set = set()
     estimates = [
         [estimate_row(c, cand, device.type, compiled, timing) for cand in cands]

@@ -91,13 +91,6 @@ KERNELS_AT_ROWS = 4096
 
 
 # ---------------------------------------------------------------- the parity rule
-def parity(op, out, gold, same_dtype, dtype) -> tuple[str, float, float]:
-    """``("pass" | "fail: <why>", err, bound)`` by the project's rule
-    (``bertfast.ops.parity.verdict``, the one the tests use)."""
-    from bertfast.ops.parity import verdict
-
-    why, err, bound = verdict(op, out, gold, same_dtype, dtype)
-    return ("pass" if why is None else f"fail: {why}"), err, bound
 
 
 # ---------------------------------------------------------------- the cases
@@ -246,21 +239,6 @@ def estimate_row(case: Case, candidate, device_type: str, compiled: set, timing_
     return ROW_OVERHEAD_S + 3 * per + timing + extra
 
 
-def plan(all_cases, device, dispatch) -> list[tuple[Case, list]]:
-    """Each case with its candidates (listed on uninitialised inputs)."""
-    out = []
-    for case in all_cases:
-        args = case.inputs(device, fill=False)
-        try:
-            cands = dispatch.candidates(case.op, device.type, case.dtype, args, with_configs=True)
-        except Exception as exc:  # a backend's support check or config list that breaks
-            print(f"  {case.describe()}: candidates() raised {type(exc).__name__}: {exc}")
-            cands = []
-        out.append((case, cands))
-        del args
-    return out
-
-
 # ---------------------------------------------------------------- the cuBLASLt variant
 def cublaslt_variant(device: torch.device, dtypes, dispatch) -> tuple[list[dict], str]:
     """Probe the cuBLASLt epilogue's GELU form per dtype (the ``cuda`` backend's
@@ -296,14 +274,6 @@ def cublaslt_variant(device: torch.device, dtypes, dispatch) -> tuple[list[dict]
 def sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def context_lost(exc: BaseException) -> bool:
-    """A CUDA error that poisons the context (every later launch would fail too)."""
-    text = f"{type(exc).__name__}: {exc}"
-    return "AcceleratorError" in text or any(
-        s in text for s in ("illegal memory access", "unspecified launch failure", "CUDA error")
-    )
 
 
 def kernel_names(call, device) -> list[str] | None:
@@ -367,7 +337,9 @@ def measure(case, candidate, args, gold, same, device, dispatch, timing_s, dry) 
     out = first_output(case, fn, args)
     sync(device)
     first = time.perf_counter() - t0
-    result, err, bound = parity(case.op, out, gold, same, case.dtype)
+    from bertfast.bench.sweep import parity_text
+
+    result, err, bound = parity_text(case.op, out, gold, same, case.dtype)
     del out
     call = timing_call(case, fn, args)
     stats, launches = time_call(call, device, timing_s, dry)
@@ -528,14 +500,10 @@ def main(argv=None) -> int:
     # The golds and the fp32 rows are fp32 GEMMs: never TF32 (docs/design.md, numerics).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    from bertfast.bench.sweep import append_row, device_facts
+    from bertfast.bench.sweep import append_row, context_lost, device_facts, plan_candidates
     from bertfast.ops import dispatch, reference
+    from bertfast.ops.winners import bucket_key
 
-    try:
-        from bertfast.ops.winners import bucket_key
-    except ImportError as exc:  # another engineer's module, not there yet
-        print(f"  note: bertfast.ops.winners.bucket_key unavailable ({exc}); bucket is null")
-        bucket_key = None
     names = args.dtypes or ("float32,float16" if dry else "float16,bfloat16")
     dtypes = [getattr(torch, d.strip()) for d in names.split(",") if d.strip()]
     if args.fp32 and torch.float32 not in dtypes:
@@ -552,7 +520,7 @@ def main(argv=None) -> int:
 
     probes, note = cublaslt_variant(device, dtypes, dispatch) if "linear_gelu" in ops else ([], "")
     all_cases = cases(dry, models, dtypes, rows_m, ops)
-    planned = plan(all_cases, device, dispatch)
+    planned = plan_candidates(all_cases, device)
     compiled: set = set()
     estimates = [
         [estimate_row(c, cand, device.type, compiled, timing) for cand in cands]
@@ -612,7 +580,7 @@ def main(argv=None) -> int:
             break
         torch.manual_seed(case.priority)
         inputs = case.inputs(device)
-        bucket = bucket_key(case.op, inputs) if bucket_key else None
+        bucket = bucket_key(case.op, inputs)
         ceiling = None
         if case.gemm:
             key = (case.gemm, case.dtype)

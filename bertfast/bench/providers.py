@@ -179,10 +179,12 @@ class TransformersProvider(Provider):
 
 
 class CompileProvider(TransformersProvider):
-    """``torch.compile`` of the transformers SDPA model."""
+    """``torch.compile`` of the transformers SDPA model (``mode``: torch.compile's, e.g.
+    ``"max-autotune"``; the provider is then ``torch-compile-<mode>``)."""
 
-    def __init__(self):
-        super().__init__("sdpa", name="torch-compile")
+    def __init__(self, mode: str | None = None):
+        super().__init__("sdpa", name="torch-compile" if mode is None else f"torch-compile-{mode}")
+        self.mode = mode
 
     def unavailable(self, device, dtype):
         reason = super().unavailable(device, dtype)
@@ -194,7 +196,9 @@ class CompileProvider(TransformersProvider):
 
     def load(self, model_path, device, dtype):
         model = self.load_module(model_path, device, dtype)
-        compiled = torch.compile(model)
+        compiled = (
+            torch.compile(model) if self.mode is None else torch.compile(model, mode=self.mode)
+        )
 
         @torch.inference_mode()
         def run(batch: Batch):
@@ -210,6 +214,8 @@ class CompileProvider(TransformersProvider):
         for shape in ((2, 16), (3, 24)):
             run(_make_batch([shape[1]] * shape[0], 1000, device=device))
         run.info = {"compile_s": round(time.perf_counter() - t0, 1)}
+        if self.mode is not None:
+            run.info["mode"] = self.mode
         return run
 
 

@@ -28,7 +28,15 @@ import torch
 
 from .timing import Stats
 
-__all__ = ["time_launches", "device_facts", "append_row", "read_rows"]
+__all__ = [
+    "time_launches",
+    "device_facts",
+    "append_row",
+    "read_rows",
+    "parity_text",
+    "plan_candidates",
+    "context_lost",
+]
 
 
 def time_launches(
@@ -118,3 +126,40 @@ def read_rows(path) -> list[dict]:
             except json.JSONDecodeError:
                 continue
     return rows
+
+
+def parity_text(op: str, out, gold, same_dtype, dtype) -> tuple[str, float, float]:
+    """``("pass" | "fail: <why>", err, bound)``: a row's ``parity`` field by the
+    project's rule (``bertfast.ops.parity.verdict``, the one the tests use)."""
+    from ..ops.parity import verdict
+
+    why, err, bound = verdict(op, out, gold, same_dtype, dtype)
+    return ("pass" if why is None else f"fail: {why}"), err, bound
+
+
+def plan_candidates(cases, device) -> list[tuple]:
+    """Each sweep case with the candidates that can run it
+    (``dispatch.candidates(..., with_configs=True)`` on the case's uninitialised
+    inputs, ``case.inputs(device, fill=False)``; a case whose listing raises gets none,
+    and the reason is printed)."""
+    from ..ops import dispatch
+
+    out = []
+    for case in cases:
+        args = case.inputs(device, fill=False)
+        try:
+            found = dispatch.candidates(case.op, device.type, case.dtype, args, with_configs=True)
+        except Exception as exc:  # a backend's support check or config list that breaks
+            print(f"  {case.describe()}: candidates() raised {type(exc).__name__}: {exc}")
+            found = []
+        out.append((case, found))
+        del args
+    return out
+
+
+def context_lost(exc: BaseException) -> bool:
+    """A CUDA error that poisons the context (every later launch would fail too)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return "AcceleratorError" in text or any(
+        s in text for s in ("illegal memory access", "unspecified launch failure", "CUDA error")
+    )

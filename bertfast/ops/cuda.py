@@ -149,21 +149,35 @@ def _aligned(t: Tensor) -> Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def attention(qkv, attention_mask, num_heads, scale):
-    return _kernels.attention(
-        _aligned(qkv), mask_operand(attention_mask), int(num_heads), float(scale), _stream(qkv)
-    )
+def _padded_attention(entry: str):
+    """The launcher of the padded entry point ``entry`` of ``_C.cuda``."""
+
+    def run(qkv, attention_mask, num_heads, scale):
+        return getattr(_kernels, entry)(
+            _aligned(qkv), mask_operand(attention_mask), int(num_heads), float(scale), _stream(qkv)
+        )
+
+    return run
 
 
-def attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
-    return _kernels.attention_varlen(
-        _aligned(qkv),
-        cu_seqlens.contiguous(),
-        int(max_seqlen),
-        int(num_heads),
-        float(scale),
-        _stream(qkv),
-    )
+def _varlen_attention(entry: str):
+    """The launcher of the varlen entry point ``entry`` of ``_C.cuda``."""
+
+    def run(qkv, cu_seqlens, max_seqlen, num_heads, scale):
+        return getattr(_kernels, entry)(
+            _aligned(qkv),
+            cu_seqlens.contiguous(),
+            int(max_seqlen),
+            int(num_heads),
+            float(scale),
+            _stream(qkv),
+        )
+
+    return run
+
+
+attention = _padded_attention("attention")
+attention_varlen = _varlen_attention("attention_varlen")
 
 
 def _attention_limits(head_dim: int, num_heads: int, batch: int, seqlen: int) -> str | None:
@@ -208,22 +222,8 @@ def _supports_attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
 
 
 # ---------------------------------------------------------------- attention, variant "flash"
-def flash_attention(qkv, attention_mask, num_heads, scale):
-    return _kernels.flash_attention(
-        _aligned(qkv), mask_operand(attention_mask), int(num_heads), float(scale), _stream(qkv)
-    )
-
-
-def flash_attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
-    return _kernels.flash_attention_varlen(
-        _aligned(qkv),
-        cu_seqlens.contiguous(),
-        int(max_seqlen),
-        int(num_heads),
-        float(scale),
-        _stream(qkv),
-    )
-
+flash_attention = _padded_attention("flash_attention")
+flash_attention_varlen = _varlen_attention("flash_attention_varlen")
 
 _FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
