@@ -33,10 +33,8 @@ import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
+if HERE not in sys.path:  # conftest imports test_bench_kernels (its case table)
     sys.path.insert(0, HERE)
-
-import workloads  # noqa: E402
 
 from bertfast.bench import (  # noqa: E402
     PARITY_TOL,
@@ -44,6 +42,8 @@ from bertfast.bench import (  # noqa: E402
     device_name,
     gemm_ceiling,
     open_runner,
+    registry,
+    workload,
 )
 
 
@@ -80,7 +80,7 @@ class Settings:
             or ("cuda" if torch.cuda.is_available() else "cpu")
         )
         self.gpu = torch.device(self.device).type == "cuda"
-        self.smoke = workloads.smoke()
+        self.smoke = workload.smoke()
         self.profile = (
             opt("--bench-profile")
             or _env("BERTFAST_BENCH_PROFILE")
@@ -113,9 +113,7 @@ class Settings:
         self.provider_names = names
 
     def _all_provider_names(self):
-        import providers
-
-        return [p.name for p in providers.providers(self.device)]
+        return [p.name for p in registry.suite_providers(self.device)]
 
     @property
     def tol(self) -> float:
@@ -130,18 +128,15 @@ def pytest_configure(config):
 
 
 def _e2e_cases(config):
-    import providers
-
     s = config._bench
-    plan = workloads.select(s.profile, s.models, s.kinds)
-    provs = providers.providers(s.device)
+    plan = workload.select(s.profile, s.models, s.kinds)
+    cache = workload.suite_cache()
+    provs = registry.suite_providers(s.device, cache)
     if s.provider_names:
-        known = providers.by_name(s.device)
-        from bertfast.bench import BertfastProvider
-
+        known = registry.known_providers(s.device, cache)
         for n in s.provider_names:
             if n not in known and n.startswith("bertfast-"):
-                known[n] = BertfastProvider(n[len("bertfast-") :])
+                known[n] = registry.provider_by_name(n, s.device, cache)
         provs = [known[n] for n in s.provider_names if n in known]
     provs = sorted(provs, key=lambda p: 0 if p.is_baseline else 1)  # stable: baselines first
     cases = []

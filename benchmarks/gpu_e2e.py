@@ -74,7 +74,7 @@ def tiny_model(folder: str) -> str:
 
 
 def providers(names: list[str], device: str):
-    from bertfast.bench.providers import provider_by_name
+    from bertfast.bench.registry import provider_by_name
 
     out = []
     for n in names:
@@ -174,11 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from bertfast.bench.cli import _measure
     from bertfast.bench.isolated import open_runner
     from bertfast.bench.sweep import append_row, device_facts
     from bertfast.bench.timing import gemm_ceiling
     from bertfast.bench.workload import ModelDims, parse_shape
+    from bertfast.cli.bench import measure_rows as _measure
     from bertfast.presets import resolve
 
     args = build_parser().parse_args(argv)

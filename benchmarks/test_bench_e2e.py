@@ -2,8 +2,9 @@
 torch.compile, ONNX Runtime, OpenVINO and CTranslate2 (fp32; int8 variants of ORT and
 CTranslate2 reported apart), on the same inputs in the same run.
 
-Each case is (model, workload, provider); see ``conftest.py`` for the options and
-``workloads.py`` / ``providers.py`` for what runs.
+Each case is (model, workload, provider); see ``conftest.py`` for the options,
+``bertfast/bench/workload.py`` (models, workloads, profiles) and
+``bertfast/bench/registry.py`` (providers) for what runs.
 
 How a workload is timed (this machine is shared and noisy): the first case of a
 workload loads every selected provider, **each in a worker process of its own**
@@ -40,7 +41,8 @@ Per case ``extra_info`` holds:
   load (``LocalRunner.memory``: after the load, after its first call with freed heap
   returned, and without that), ``checkpoint_bytes`` the checkpoint's tensor bytes.
 
-Nothing here asserts a speed: targets are tracked by ``report.py``.
+Nothing here asserts a speed: targets are tracked by the report
+(``benchmarks/make_report.py``).
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ import time
 
 import pytest
 import torch
-import workloads
 
 from bertfast import ops as bf_ops
 from bertfast.bench import (
@@ -62,6 +63,7 @@ from bertfast.bench import (
     gemm_ceiling,
     parity_error,
     synchronize,
+    workload,
 )
 from bertfast.bench.timing import SETTLE_S, block_size, packed_gemms
 
@@ -88,8 +90,8 @@ def measure_workload(bench, timing, model, w, provs) -> dict:
         return bench.measured[key]
     s = bench.s
     bench.measured.clear()  # keep one workload's results at a time
-    path = workloads.model_path(model)
-    cfg = workloads.model_config(model)
+    path = workload.model_path(model)
+    cfg = workload.model_config(model)
     batch = w.make(int(cfg["vocab_size"]), s.device)
     skips, runs = {}, {}
     for p in provs:
@@ -201,7 +203,7 @@ def test_e2e(benchmark, bench, timing, e2e_case):
             warmup_rounds=1,
         )
 
-    dims = workloads.model_dims(model)
+    dims = workload.model_dims(model)
     useful = encoder_flops(dims, w.lengths)
     padded = encoder_flops(dims, [w.seq] * w.batch)
     err = res["errs"][provider.name]
@@ -211,7 +213,7 @@ def test_e2e(benchmark, bench, timing, e2e_case):
         {
             "suite": "e2e",
             "model": model,
-            "weights": workloads.weights(model),
+            "weights": workload.weights(model),
             "workload": w.id,
             "kind": w.kind,
             "provider": provider.name,
@@ -243,7 +245,7 @@ def test_e2e(benchmark, bench, timing, e2e_case):
             "parity_ref": f"{REFERENCE} fp32",
             "peak_mem_bytes": res["peaks"].get(provider.name),
             "memory": runner.memory(),
-            "checkpoint_bytes": checkpoint_bytes(workloads.model_path(model)),
+            "checkpoint_bytes": checkpoint_bytes(workload.model_path(model)),
             "provider_info": runner.info,
         }
     )

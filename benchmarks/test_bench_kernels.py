@@ -21,6 +21,10 @@ small tables and vectors ignored) or ``gflops`` (linear, linear_gelu, attention:
 real tokens only), ``ratios`` (speedup over the PyTorch baseline timed in the same rounds),
 and ``parity_max_abs_err`` against that baseline. Implementations of one case are timed
 interleaved, round by round (``conftest.interleave``), like the end-to-end suite.
+
+Each op is one entry of ``CASES`` (an :class:`OpCase`: its inputs, the PyTorch
+composition that is both baseline and reference, the bertfast call, and its bytes or
+FLOPs); adding an op to the suite is adding an entry.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -35,31 +40,40 @@ import torch.nn.functional as F
 
 from bertfast.bench import bertfast_backends, ragged_lengths, synchronize
 
-OPS = (
-    "embed_layernorm",
-    "add_layernorm",
-    "bias_gelu",
-    "linear",
-    "linear_gelu",
-    "attention",
-    "attention_varlen",
-)
-#: The encoder layer's GEMMs: name -> (in width, out width, activation) per hidden H.
-GEMMS = {
-    "gemm_qkv": (1, 3, None),
-    "gemm_attn_out": (1, 1, None),
-    "gemm_ffn_in": (1, 4, "gelu"),
-    "gemm_ffn_out": (4, 1, None),
-}
-MEMORY_BOUND = ("embed_layernorm", "add_layernorm", "bias_gelu")
-BASELINE = "pytorch"
 SEQ = 128
 HEAD_DIM = 64
+BASELINE = "pytorch"
 #: Parity of a bertfast kernel against the PyTorch composition (flags, never asserts).
 #: fp32: reorderings of sums of up to 4096 terms; fp16/bf16: one rounding of the output.
 TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 6e-2}
 
+Inputs = dict[str, object]
+Call = Callable[[], torch.Tensor]
 
+
+@dataclass(frozen=True)
+class OpCase:
+    """How one op is benchmarked.
+
+    ``inputs(rand, g, tokens, hidden, device, dtype)`` builds its inputs (``rand(*shape,
+    scale=)``: seeded normal draws on the device, ``g`` the generator behind them);
+    ``pytorch(a)`` is the PyTorch composition it replaces (the baseline and the parity
+    reference); ``bertfast(a, backend)`` is the bertfast op; ``work(a, tokens, hidden,
+    elt)`` counts the bytes (``unit="GB"``: memory-bound ops, every input read once and
+    the output written once) or useful FLOPs (``unit="GFLOP"``) of one call. ``gemm``:
+    timed on :func:`gemm_shapes` instead of :func:`shapes`. ``packed_out``: bertfast's
+    output holds only the real tokens, compared with the reference's real tokens."""
+
+    inputs: Callable[..., Inputs]
+    pytorch: Callable[[Inputs], Call]
+    bertfast: Callable[[Inputs, str], Call]
+    work: Callable[[Inputs, int, int, int], float]
+    unit: str = "GFLOP"
+    gemm: bool = False
+    packed_out: bool = False
+
+
+# ---------------------------------------------------------------- shapes and cases
 def shapes(settings) -> list[tuple[int, int]]:
     if settings.smoke:
         return [(128, 64)]
@@ -79,8 +93,8 @@ def gemm_shapes(settings) -> list[tuple[int, int]]:
 def cases(settings):
     backends = bertfast_backends(settings.device)
     out = []
-    for op in OPS + tuple(GEMMS):
-        for tokens, hidden in gemm_shapes(settings) if op in GEMMS else shapes(settings):
+    for op, case in CASES.items():
+        for tokens, hidden in gemm_shapes(settings) if case.gemm else shapes(settings):
             for impl in [BASELINE] + backends:
                 out.append(
                     pytest.param((op, tokens, hidden, impl), id=f"{op}-{tokens}x{hidden}-{impl}")
@@ -88,84 +102,21 @@ def cases(settings):
     return out
 
 
-# ---------------------------------------------------------------- inputs
-def _inputs(op: str, tokens: int, hidden: int, device, dtype) -> dict[str, object]:
+def _inputs(op: str, tokens: int, hidden: int, device, dtype) -> Inputs:
     g = torch.Generator().manual_seed(tokens * 7 + hidden)
 
     def rand(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
 
-    H = hidden
-    if op == "embed_layernorm":
-        B, S = max(tokens // SEQ, 1), min(tokens, SEQ)
-        V = 30522
-        return dict(
-            input_ids=torch.randint(0, V, (B, S), generator=g).to(device),
-            position_ids=torch.arange(S).expand(B, S).contiguous().to(device),
-            token_type_ids=torch.zeros(B, S, dtype=torch.long, device=device),
-            word=rand(V, H, scale=0.05),
-            pos=rand(512, H, scale=0.05),
-            types=rand(2, H, scale=0.05),
-            weight=rand(H).abs() + 0.5,
-            bias=rand(H, scale=0.1),
-            rows=B * S,
-        )
-    if op == "add_layernorm":
-        return dict(
-            x=rand(tokens, H),
-            residual=rand(tokens, H),
-            bias=rand(H, scale=0.1),
-            weight=rand(H).abs() + 0.5,
-            ln_bias=rand(H, scale=0.1),
-        )
-    if op == "bias_gelu":
-        return dict(x=rand(tokens, 4 * H), bias=rand(4 * H, scale=0.1))
-    if op == "linear":  # the fused QKV projection
-        return dict(
-            x=rand(tokens, H), weight=rand(3 * H, H, scale=H**-0.5), bias=rand(3 * H, scale=0.1)
-        )
-    if op == "linear_gelu":
-        return dict(
-            x=rand(tokens, H), weight=rand(4 * H, H, scale=H**-0.5), bias=rand(4 * H, scale=0.1)
-        )
-    if op in GEMMS:
-        k_mult, n_mult, act = GEMMS[op]
-        K, N = k_mult * H, n_mult * H
-        return dict(x=rand(tokens, K), weight=rand(N, K, scale=K**-0.5), bias=rand(N, scale=0.1))
-    heads = max(H // HEAD_DIM, 1)
-    if op == "attention":
-        B, S = max(tokens // SEQ, 1), min(tokens, SEQ)
-        return dict(
-            qkv=rand(B, S, 3 * H),
-            mask=torch.ones(B, S, dtype=torch.long, device=device),
-            heads=heads,
-            lengths=[S] * B,
-        )
-    if op == "attention_varlen":
-        lengths = ragged_lengths(max(tokens // 64, 1), 64, SEQ, seed=tokens + hidden)
-        S = max(lengths)
-        T = sum(lengths)
-        mask = torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]
-        index = mask.flatten().nonzero().squeeze(1)
-        cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-        cu[1:] = torch.tensor(lengths).cumsum(0)
-        packed = rand(T, 3 * H)
-        padded = torch.zeros(len(lengths) * S, 3 * H, dtype=dtype, device=device)
-        padded[index.to(device)] = packed
-        return dict(
-            qkv=packed,
-            cu=cu.to(device),
-            max_seqlen=S,
-            heads=heads,
-            lengths=lengths,
-            padded=padded.view(len(lengths), S, 3 * H),
-            mask=mask.long().to(device),
-            index=index.to(device),
-        )
-    raise ValueError(op)
+    return CASES[op].inputs(rand, g, tokens, hidden, device, dtype)
 
 
-# ---------------------------------------------------------------- implementations
+def _ops():
+    from bertfast import ops
+
+    return ops
+
+
 def _sdpa_heads(qkv: torch.Tensor, mask, heads: int) -> torch.Tensor:
     """transformers' SDPA path: split heads, masked SDPA, merge heads."""
     B, S, H3 = qkv.shape
@@ -176,105 +127,248 @@ def _sdpa_heads(qkv: torch.Tensor, mask, heads: int) -> torch.Tensor:
     return out.transpose(1, 2).reshape(B, S, H)
 
 
-def _pytorch(op: str, a: dict[str, object]) -> Callable[[], torch.Tensor]:
-    if op == "embed_layernorm":
-
-        def f():
-            x = F.embedding(a["input_ids"], a["word"])
-            x = x + F.embedding(a["token_type_ids"], a["types"])
-            x = x + F.embedding(a["position_ids"], a["pos"])
-            return F.layer_norm(x, (x.shape[-1],), a["weight"], a["bias"], 1e-12)
-
-        return f
-    if op == "add_layernorm":
-        return lambda: F.layer_norm(
-            a["x"] + a["bias"] + a["residual"],
-            (a["x"].shape[-1],),
-            a["weight"],
-            a["ln_bias"],
-            1e-12,
-        )
-    if op == "bias_gelu":
-        return lambda: F.gelu(a["x"] + a["bias"])
-    if op == "linear":
-        return lambda: F.linear(a["x"], a["weight"], a["bias"])
-    if op == "linear_gelu":
-        return lambda: F.gelu(F.linear(a["x"], a["weight"], a["bias"]))
-    if op in GEMMS:
-        if GEMMS[op][2] is None:
-            return lambda: F.linear(a["x"], a["weight"], a["bias"])
-        return lambda: F.gelu(F.linear(a["x"], a["weight"], a["bias"]))
-    if op == "attention":
-        return lambda: _sdpa_heads(a["qkv"], a["mask"], a["heads"])
-    if op == "attention_varlen":
-        # What a padded implementation runs on the same ragged batch.
-        return lambda: _sdpa_heads(a["padded"], a["mask"], a["heads"])
-    raise ValueError(op)
+# ---------------------------------------------------------------- embed_layernorm
+def _embed_inputs(rand, g, tokens, H, device, dtype):
+    B, S = max(tokens // SEQ, 1), min(tokens, SEQ)
+    V = 30522
+    return dict(
+        input_ids=torch.randint(0, V, (B, S), generator=g).to(device),
+        position_ids=torch.arange(S).expand(B, S).contiguous().to(device),
+        token_type_ids=torch.zeros(B, S, dtype=torch.long, device=device),
+        word=rand(V, H, scale=0.05),
+        pos=rand(512, H, scale=0.05),
+        types=rand(2, H, scale=0.05),
+        weight=rand(H).abs() + 0.5,
+        bias=rand(H, scale=0.1),
+        rows=B * S,
+    )
 
 
-def _bertfast(op: str, a: dict[str, object], backend: str) -> Callable[[], torch.Tensor]:
-    from bertfast import ops
+def _embed_pytorch(a):
+    def f():
+        x = F.embedding(a["input_ids"], a["word"])
+        x = x + F.embedding(a["token_type_ids"], a["types"])
+        x = x + F.embedding(a["position_ids"], a["pos"])
+        return F.layer_norm(x, (x.shape[-1],), a["weight"], a["bias"], 1e-12)
 
-    if op == "embed_layernorm":
-        return lambda: ops.embed_layernorm(
-            a["input_ids"],
-            a["position_ids"],
-            a["token_type_ids"],
-            a["word"],
-            a["pos"],
-            a["types"],
-            a["weight"],
-            a["bias"],
-            1e-12,
-            backend=backend,
-        )
-    if op == "add_layernorm":
-        return lambda: ops.add_layernorm(
-            a["x"], a["residual"], a["bias"], a["weight"], a["ln_bias"], 1e-12, backend=backend
-        )
-    if op == "bias_gelu":
-        return lambda: ops.bias_gelu(a["x"], a["bias"], "gelu", backend=backend)
-    if op == "linear":
-        return lambda: ops.linear(a["x"], a["weight"], a["bias"], backend=backend)
-    if op == "linear_gelu":
-        return lambda: ops.linear_gelu(a["x"], a["weight"], a["bias"], "gelu", backend=backend)
-    if op in GEMMS:
+    return f
+
+
+def _embed_bertfast(a, backend):
+    ops = _ops()
+    return lambda: ops.embed_layernorm(
+        a["input_ids"],
+        a["position_ids"],
+        a["token_type_ids"],
+        a["word"],
+        a["pos"],
+        a["types"],
+        a["weight"],
+        a["bias"],
+        1e-12,
+        backend=backend,
+    )
+
+
+# ---------------------------------------------------------------- add_layernorm
+def _add_ln_inputs(rand, g, tokens, H, device, dtype):
+    return dict(
+        x=rand(tokens, H),
+        residual=rand(tokens, H),
+        bias=rand(H, scale=0.1),
+        weight=rand(H).abs() + 0.5,
+        ln_bias=rand(H, scale=0.1),
+    )
+
+
+def _add_ln_pytorch(a):
+    return lambda: F.layer_norm(
+        a["x"] + a["bias"] + a["residual"],
+        (a["x"].shape[-1],),
+        a["weight"],
+        a["ln_bias"],
+        1e-12,
+    )
+
+
+def _add_ln_bertfast(a, backend):
+    ops = _ops()
+    return lambda: ops.add_layernorm(
+        a["x"], a["residual"], a["bias"], a["weight"], a["ln_bias"], 1e-12, backend=backend
+    )
+
+
+# ---------------------------------------------------------------- bias_gelu
+def _bias_gelu_bertfast(a, backend):
+    ops = _ops()
+    return lambda: ops.bias_gelu(a["x"], a["bias"], "gelu", backend=backend)
+
+
+# ---------------------------------------------------------------- linear and the GEMMs
+def _linear_inputs(k_mult: int, n_mult: int):
+    """x [tokens, k_mult*H], weight [n_mult*H, k_mult*H], bias [n_mult*H]."""
+
+    def inputs(rand, g, tokens, H, device, dtype):
+        K, N = k_mult * H, n_mult * H
+        return dict(x=rand(tokens, K), weight=rand(N, K, scale=K**-0.5), bias=rand(N, scale=0.1))
+
+    return inputs
+
+
+def _linear_pytorch(act: str | None):
+    if act is None:
+        return lambda a: lambda: F.linear(a["x"], a["weight"], a["bias"])
+    return lambda a: lambda: F.gelu(F.linear(a["x"], a["weight"], a["bias"]))
+
+
+def _linear_bertfast(act: str | None, packed: bool = False):
+    """``ops.linear`` / ``ops.linear_gelu``; ``packed``: on the CPU backend the weight is
+    packed as a loaded model keeps it (``cpu_weights.pack_owned``)."""
+
+    def make(a, backend):
+        ops = _ops()
         w = a["weight"]
-        if backend == "cpu" and w.device.type == "cpu":  # packed as a loaded model keeps it
+        if packed and backend == "cpu" and w.device.type == "cpu":
             from bertfast.ops import cpu_weights
 
-            packed = cpu_weights.pack_owned(w)
-            w = w if packed is None else packed
-        act = GEMMS[op][2]
+            p = cpu_weights.pack_owned(w)
+            w = w if p is None else p
         if act is None:
             return lambda: ops.linear(a["x"], w, a["bias"], backend=backend)
         return lambda: ops.linear_gelu(a["x"], w, a["bias"], act, backend=backend)
-    if op == "attention":
-        return lambda: ops.attention(a["qkv"], a["mask"], a["heads"], backend=backend)
-    if op == "attention_varlen":
-        return lambda: ops.attention_varlen(
-            a["qkv"], a["cu"], a["max_seqlen"], a["heads"], backend=backend
-        )
-    raise ValueError(op)
+
+    return make
 
 
-def _work(op: str, a: dict[str, object], tokens: int, hidden: int, elt: int) -> tuple[str, float]:
-    """("GB", bytes) for memory-bound ops, ("GFLOP", flops) otherwise."""
-    H = hidden
-    if op == "embed_layernorm":
-        rows = a["rows"]
-        return "GB", rows * H * elt * 2 + rows * 8 * 3  # word rows in, output out, 3 id tensors
-    if op == "add_layernorm":
-        return "GB", 3 * tokens * H * elt
-    if op == "bias_gelu":
-        return "GB", 2 * tokens * 4 * H * elt
-    if op == "linear":
-        return "GFLOP", 2 * tokens * H * 3 * H
-    if op == "linear_gelu":
-        return "GFLOP", 2 * tokens * H * 4 * H
-    if op in GEMMS:
-        return "GFLOP", 2 * tokens * a["weight"].numel()
-    return "GFLOP", sum(4 * n * n * H for n in a["lengths"])
+def _gemm_flops(a, tokens, H, elt):
+    return 2 * tokens * a["weight"].numel()
+
+
+def _gemm(k_mult: int, n_mult: int, act: str | None) -> OpCase:
+    """One of the encoder layer's GEMMs (``k_mult*H -> n_mult*H``, then ``act``) on a
+    packed weight, against ``F.linear`` (+ ``F.gelu``)."""
+    return OpCase(
+        inputs=_linear_inputs(k_mult, n_mult),
+        pytorch=_linear_pytorch(act),
+        bertfast=_linear_bertfast(act, packed=True),
+        work=_gemm_flops,
+        gemm=True,
+    )
+
+
+# ---------------------------------------------------------------- attention
+def _heads(H: int) -> int:
+    return max(H // HEAD_DIM, 1)
+
+
+def _attention_inputs(rand, g, tokens, H, device, dtype):
+    B, S = max(tokens // SEQ, 1), min(tokens, SEQ)
+    return dict(
+        qkv=rand(B, S, 3 * H),
+        mask=torch.ones(B, S, dtype=torch.long, device=device),
+        heads=_heads(H),
+        lengths=[S] * B,
+    )
+
+
+def _varlen_inputs(rand, g, tokens, H, device, dtype):
+    lengths = ragged_lengths(max(tokens // 64, 1), 64, SEQ, seed=tokens + H)
+    S = max(lengths)
+    T = sum(lengths)
+    mask = torch.arange(S)[None, :] < torch.tensor(lengths)[:, None]
+    index = mask.flatten().nonzero().squeeze(1)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths).cumsum(0)
+    packed = rand(T, 3 * H)
+    padded = torch.zeros(len(lengths) * S, 3 * H, dtype=dtype, device=device)
+    padded[index.to(device)] = packed
+    return dict(
+        qkv=packed,
+        cu=cu.to(device),
+        max_seqlen=S,
+        heads=_heads(H),
+        lengths=lengths,
+        padded=padded.view(len(lengths), S, 3 * H),
+        mask=mask.long().to(device),
+        index=index.to(device),
+    )
+
+
+def _attention_bertfast(a, backend):
+    ops = _ops()
+    return lambda: ops.attention(a["qkv"], a["mask"], a["heads"], backend=backend)
+
+
+def _varlen_bertfast(a, backend):
+    ops = _ops()
+    return lambda: ops.attention_varlen(
+        a["qkv"], a["cu"], a["max_seqlen"], a["heads"], backend=backend
+    )
+
+
+def _attention_flops(a, tokens, H, elt):
+    return sum(4 * n * n * H for n in a["lengths"])
+
+
+#: op -> how it is benchmarked, in the order the cases run. ``gemm_*`` are the encoder
+#: layer's four GEMMs per hidden H: qkv (H -> 3H), attn_out (H -> H), ffn_in (H -> 4H,
+#: + GELU), ffn_out (4H -> H).
+CASES: dict[str, OpCase] = {
+    "embed_layernorm": OpCase(
+        inputs=_embed_inputs,
+        pytorch=_embed_pytorch,
+        bertfast=_embed_bertfast,
+        # word rows in, output out, 3 id tensors
+        work=lambda a, tokens, H, elt: a["rows"] * H * elt * 2 + a["rows"] * 8 * 3,
+        unit="GB",
+    ),
+    "add_layernorm": OpCase(
+        inputs=_add_ln_inputs,
+        pytorch=_add_ln_pytorch,
+        bertfast=_add_ln_bertfast,
+        work=lambda a, tokens, H, elt: 3 * tokens * H * elt,
+        unit="GB",
+    ),
+    "bias_gelu": OpCase(
+        inputs=lambda rand, g, tokens, H, device, dtype: dict(
+            x=rand(tokens, 4 * H), bias=rand(4 * H, scale=0.1)
+        ),
+        pytorch=lambda a: lambda: F.gelu(a["x"] + a["bias"]),
+        bertfast=_bias_gelu_bertfast,
+        work=lambda a, tokens, H, elt: 2 * tokens * 4 * H * elt,
+        unit="GB",
+    ),
+    "linear": OpCase(  # the fused QKV projection
+        inputs=_linear_inputs(1, 3),
+        pytorch=_linear_pytorch(None),
+        bertfast=_linear_bertfast(None),
+        work=lambda a, tokens, H, elt: 2 * tokens * H * 3 * H,
+    ),
+    "linear_gelu": OpCase(
+        inputs=_linear_inputs(1, 4),
+        pytorch=_linear_pytorch("gelu"),
+        bertfast=_linear_bertfast("gelu"),
+        work=lambda a, tokens, H, elt: 2 * tokens * H * 4 * H,
+    ),
+    "attention": OpCase(
+        inputs=_attention_inputs,
+        pytorch=lambda a: lambda: _sdpa_heads(a["qkv"], a["mask"], a["heads"]),
+        bertfast=_attention_bertfast,
+        work=_attention_flops,
+    ),
+    "attention_varlen": OpCase(
+        inputs=_varlen_inputs,
+        # What a padded implementation runs on the same ragged batch.
+        pytorch=lambda a: lambda: _sdpa_heads(a["padded"], a["mask"], a["heads"]),
+        bertfast=_varlen_bertfast,
+        work=_attention_flops,
+        packed_out=True,
+    ),
+    "gemm_qkv": _gemm(1, 3, None),
+    "gemm_attn_out": _gemm(1, 1, None),
+    "gemm_ffn_in": _gemm(1, 4, "gelu"),
+    "gemm_ffn_out": _gemm(4, 1, None),
+}
 
 
 _measured: dict[tuple, dict] = {}
@@ -287,15 +381,16 @@ def measure_group(bench, timing, key, impls) -> dict:
     _measured.clear()
     s = bench.s
     op, tokens, hidden = key
+    case = CASES[op]
     a = _inputs(op, tokens, hidden, s.device, s.dtype)
     from bertfast.ops import BackendError
 
     fns, skips = {}, {}
     for impl in impls:
         if impl == BASELINE:
-            fns[impl] = _pytorch(op, a)
+            fns[impl] = case.pytorch(a)
             continue
-        fn = _bertfast(op, a, impl)
+        fn = case.bertfast(a, impl)
         try:
             fn()
         except (BackendError, NotImplementedError) as exc:
@@ -312,13 +407,13 @@ def measure_group(bench, timing, key, impls) -> dict:
         return call
 
     calls = {n: sync(f) for n, f in fns.items()}
-    ref = _pytorch(op, a)().float()
-    if op == "attention_varlen":
+    ref = case.pytorch(a)().float()
+    if case.packed_out:  # the reference's real tokens, as bertfast packs them
         ref_packed = ref.reshape(-1, ref.shape[-1])[a["index"]]
     errs, one = {}, {}
     for n, call in calls.items():
         out = call()
-        r = ref_packed if (op == "attention_varlen" and out.dim() == 2) else ref
+        r = ref_packed if (case.packed_out and out.dim() == 2) else ref
         errs[n] = float((out.float() - r).abs().max()) if out.numel() else 0.0
         del out
         t0 = time.perf_counter()
@@ -326,7 +421,7 @@ def measure_group(bench, timing, key, impls) -> dict:
         one[n] = time.perf_counter() - t0
     del ref
     times = timing.interleave(calls, one, min(s.budget, 1.0), s.smoke)
-    unit, amount = _work(op, a, tokens, hidden, torch.finfo(s.dtype).bits // 8)
+    unit, amount = case.unit, case.work(a, tokens, hidden, torch.finfo(s.dtype).bits // 8)
     res = {
         "times": times,
         "errs": errs,

@@ -76,7 +76,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 import torch
 
 from .config import EncoderConfig
-from .heads import head_weight_specs, resolve_head
+from .head_specs import head_weight_specs, resolve_head
 from .validate import (
     CheckpointError,
     CheckpointNotFoundError,

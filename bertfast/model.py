@@ -88,8 +88,8 @@ def _as_parameter(tensor: torch.Tensor) -> nn.Parameter:
     weight gets another handle on the same packed data marked as a parameter, as
     ``nn.Parameter`` does for a tensor subclass but without dispatching ``detach`` to
     its ``__torch_dispatch__``: torch's first dispatch to a Python tensor subclass
-    imports ``torch.distributed.tensor`` and sympy (~40 MB of resident memory and
-    ~0.7 s, measured with torch 2.13), which loading a model does not need."""
+    imports ``torch.distributed.tensor`` and sympy, memory and load time a model does
+    not need (benchmarks/results/cpu-intel-xeon-amx-2t/notes.md, "Resident memory")."""
     if _cpu_weights.is_packed(tensor) or _quant.is_quantized(tensor):
         handle = tensor._same()
         handle._is_param = True  # what nn.Parameter sets on a subclass
@@ -754,6 +754,11 @@ class BertfastModel(nn.Module):
     def _resolve_plan(self, word: torch.Tensor) -> _Plan | None:
         if word.device.type != "cpu" or type(word) is not nn.Parameter:
             return None
+        try:  # the model runs on the cpu backend here (dispatch.resolve) ...
+            if _dispatch.resolve(self.backend, "cpu").name != "cpu":
+                return None
+        except ValueError:  # an unknown backend name: the checked path says so
+            return None
         dtype, device = word.dtype, word.device
         for _, p in self.named_parameters(remove_duplicate=False):
             if p.dtype != dtype or p.device != device:
@@ -790,6 +795,8 @@ class BertfastModel(nn.Module):
         }
         cpu = _dispatch.get_backend("cpu")
         impls = {}
+        # ... and select gives each encoder op the cpu backend's own function for this
+        # input (not a wrapper: bertfast tune wraps select to see every op)
         for op, args in samples.items():
             try:
                 impl = _dispatch.select(op, self.backend, "cpu", dtype, args)

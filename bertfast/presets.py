@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["Preset", "PRESETS", "materialize", "resolve", "default_folder"]
+__all__ = ["Preset", "PRESETS", "materialize", "resolve", "default_folder", "display_name"]
 
 #: Bump when the files written by :func:`materialize` change, so stale caches are redone.
 FORMAT_VERSION = 2
@@ -316,6 +316,19 @@ def resolve(model: str | None, seed: int = 0) -> Path:
         f"{model!r} is neither a checkpoint folder nor a built-in model "
         f"(minilm, {', '.join(PRESETS)})"
     )
+
+
+def display_name(path) -> str:
+    """A model folder's name in reports: ``<preset> (random weights)`` for a folder
+    :func:`materialize` wrote, the package's name for a packaged checkpoint
+    (``<package>/model``), else the folder's name."""
+    marker = os.path.join(path, "bertfast_preset.json")
+    name = os.path.basename(os.path.normpath(path))
+    if os.path.isfile(marker):
+        return f"{name.split('-seed')[0]} (random weights)"
+    if name == "model":  # packaged checkpoints live in <package>/model
+        name = os.path.basename(os.path.dirname(os.path.normpath(path)))
+    return name
 
 
 def main(argv=None) -> int:

@@ -1230,6 +1230,88 @@ class ParquetSink(Sink):
         return merged
 
 
+#: 10**k, k = 0..22: each exact in float64 (5**22 < 2**53), so scaling by one and
+#: dividing by one are each a single correctly rounded operation.
+_POW10 = np.array([float(10**k) for k in range(23)])
+
+
+def shortest_float32(values) -> np.ndarray:
+    """float64 copies of float32 ``values`` whose ``repr`` (what :mod:`json` writes) is
+    the shortest decimal that reads back as the same float32: ``json.loads`` then a
+    cast to float32 gives the identical bits. A float32 converted as it is prints 17
+    digits (its exact float64 value); this needs 9 at most, usually 7 to 9, and is the
+    decimal numpy's shortest float32 repr (``np.format_float_scientific(x,
+    unique=True)``) gives: the nearest of the shortest, a tie to the even last digit.
+
+    Vectorised: for each value, a binary search over the decimal scale ``10**-k``
+    (one to ten significant digits) for the smallest at which the multiple of
+    ``10**-k`` just below or just above the value reads back as it; the float64 nearest
+    that decimal is returned, and its ``repr`` is that decimal (at most 9 digits, so
+    float64 holds it exactly as a shortest repr). Zeros (signed), NaN and infinities
+    are returned as they are (``json`` writes ``NaN``, ``Infinity``, ``-Infinity``);
+    values outside 1e-13 .. 1e22 in magnitude (where ``10**k`` would not be exact),
+    subnormals included, take numpy's shortest float32 repr one at a time.
+    """
+    x = np.asarray(values, dtype=np.float32)
+    out = np.empty(x.shape, np.float64)
+    flat_in, flat_out = x.ravel(), out.reshape(-1)
+    for start in range(0, x.size, _SHORTEST_BLOCK):  # temporaries that stay in cache
+        block = slice(start, start + _SHORTEST_BLOCK)
+        flat_out[block] = _shortest_float32(flat_in[block])
+    return out
+
+
+#: values per block of shortest_float32: its dozen temporaries stay in cache
+_SHORTEST_BLOCK = 1 << 16
+
+
+def _shortest_float32(x: np.ndarray) -> np.ndarray:
+    """shortest_float32 of a 1-D float32 array."""
+    out = x.astype(np.float64)
+    a = np.abs(out)
+    nonzero = np.isfinite(x) & (x != 0)
+    e = np.floor(np.log10(a, where=nonzero, out=np.ones_like(a))).astype(np.int64)
+    # k from one significant digit to ten (one more on each side than 1..9: log10's
+    # floor may be one off next to a power of ten)
+    lo, hi = -e - 1, 9 - e
+    fast = nonzero & (lo >= -22) & (hi <= 22)
+    idx = np.flatnonzero(fast)
+    v, want, lo, hi = out[idx], x[idx], lo[idx], hi[idx]
+
+    def at(k):
+        """The decimals with last digit 10**-k just below and above v, as float64,
+        whether each reads back as the float32 ``want``, and which one is nearer (a
+        tie: the even last digit), as numpy's shortest repr picks."""
+        up = k >= 0
+        p = _POW10[np.abs(k)]
+        y = np.where(up, v * p, v / p)  # exact where it is a tie (N + 0.5, N < 2**52)
+        n = np.floor(y)
+        frac = y - n
+        above_is_nearer = (frac > 0.5) | ((frac == 0.5) & (n % 2 == 1))
+        below = np.where(up, n / p, n * p)
+        above = np.ceil(y)
+        above = np.where(up, above / p, above * p)
+        ok = (below.astype(np.float32) == want, above.astype(np.float32) == want)
+        return below, above, *ok, above_is_nearer
+
+    while np.any(lo < hi):
+        mid = (lo + hi) // 2
+        _, _, ok_below, ok_above, _ = at(mid)
+        ok = ok_below | ok_above
+        hi = np.where(ok, mid, hi)
+        lo = np.where(ok, lo, mid + 1)
+    below, above, ok_below, ok_above, above_is_nearer = at(lo)
+    take_above = ok_above & (~ok_below | above_is_nearer)
+    out[idx] = np.where(take_above, above, np.where(ok_below, below, v))
+    # the rest: numpy's Dragon4, one value at a time (rare in embeddings)
+    slow = np.concatenate([np.flatnonzero(nonzero & ~fast), idx[~(ok_below | ok_above)]])
+    for i in slow:
+        d = float(np.format_float_scientific(x[i], unique=True))
+        if np.float32(d) == x[i]:
+            out[i] = d  # else keep the exact value: 17 digits, but it reads back
+    return out
+
+
 class JsonlSink(Sink):
     fmt = "jsonl"
     resumable = False
@@ -1247,6 +1329,7 @@ class JsonlSink(Sink):
 
     def _write(self, chunk, good, vectors):
         lines = []
+        vectors = shortest_float32(vectors)  # shortest digits that read back bit for bit
         for j, i in enumerate(good):
             record = {"id": chunk.start + i}
             for name in self.keep:

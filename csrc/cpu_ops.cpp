@@ -9,10 +9,12 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+
 #include "binding.h"
 #include "registry.h"
 
-#include "cpu/common.h"
+#include "cpu/kernels.h"
 
 namespace bertfast {
 namespace {

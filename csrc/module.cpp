@@ -4,7 +4,7 @@
 // Submodules: _C.cpu (csrc/cpu_ops.cpp) and, when nvcc was found at build time,
 // _C.cuda (csrc/cuda/cuda_ops.cpp). Both take torch tensors, check them and raise a
 // Python exception naming the op and the argument on any mismatch. Here: what the
-// build contains and the constants of csrc/constants.h.
+// build contains and the constants of kernels/constants.h.
 #include <pybind11/pybind11.h>
 
 #include <iterator>
@@ -78,7 +78,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("build_info", &build_info,
         "What this build contains: C++ compiler, OpenMP, CUDA version and architectures.");
   m.def("constants", &constants,
-        "dtype and activation codes, CUDA head dims and size limits (csrc/constants.h)");
+        "dtype and activation codes, CUDA head dims and size limits (kernels/constants.h)");
   bertfast::register_cpu_ops(m);
   bertfast::register_cpu_int8_ops(m);
 #ifdef BERTFAST_WITH_CUDA

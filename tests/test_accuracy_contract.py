@@ -7,6 +7,7 @@ tokenizer, model and pooling) so that the contract does not rest on bertfast alo
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,9 +82,8 @@ def test_queries_find_the_sentences_they_paraphrase(texts, reference):
     corpus sentence it paraphrases (the generator's pairs)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "make_accuracy_corpus", acc.data_file("make_accuracy_corpus.py")
-    )
+    generator = Path(__file__).resolve().parents[1] / "tools" / "make_accuracy_corpus.py"
+    spec = importlib.util.spec_from_file_location("make_accuracy_corpus", generator)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     corpus, queries = texts
@@ -204,3 +204,21 @@ def test_cli_writes_table_and_json(tmp_path, capsys, monkeypatch):
     assert "| ctranslate2-int8 | skipped: ctranslate2-int8 is not installed (test)" in table
     assert report["corpus"]["texts"] == 40 and report["corpus"]["queries"] == 12
     assert f"| bertfast-bf16 | {row['min_cosine']:.6f}" in table
+
+
+def test_no_loading_progress_bars(tmp_path, capsys, monkeypatch):
+    """transformers' "Loading weights" bars stay out of ``bertfast accuracy``'s output
+    (the transformers row loads through ``from_pretrained``), and the bars are as they
+    were afterwards."""
+    hf_logging = pytest.importorskip("transformers.utils.logging")
+    from tests import tiny_embedder
+
+    corpus, queries = acc.load_corpus()[:12], acc.load_queries()[:3]
+    monkeypatch.setattr(acc, "load_corpus", lambda: corpus)
+    monkeypatch.setattr(acc, "load_queries", lambda: queries)
+    ckpt = tiny_embedder.make_checkpoint(tmp_path / "tiny")
+    was_on = hf_logging.is_progress_bar_enabled()
+    report = acc.run(ckpt, ["transformers-fp32"])
+    assert report["variants"][0]["status"] == "ok", report["variants"][0]
+    assert "Loading weights" not in capsys.readouterr().err
+    assert hf_logging.is_progress_bar_enabled() == was_on

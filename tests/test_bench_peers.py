@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -141,7 +140,7 @@ def test_bench_cli_peers(checkpoint, cache, tmp_path, monkeypatch, capsys):
     """``bertfast bench --providers peers``: a row per installed peer, parity ok against
     transformers (not against one of the peers), int8 rows without ratios and out of
     the fp32 ratios; a missing peer skips with its reason."""
-    from bertfast import bench
+    from bertfast.cli import bench
 
     monkeypatch.setenv("BERTFAST_BENCH_CACHE", cache)
     out = tmp_path / "rows.json"
@@ -192,14 +191,9 @@ def test_bench_cli_peers(checkpoint, cache, tmp_path, monkeypatch, capsys):
 
 
 def test_report_keeps_int8_apart():
-    """benchmarks/report.py: int8 rows get their own table and never enter the fp32
-    table's ratios or the best-peer target."""
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-    sys.path.insert(0, here)
-    try:
-        import report
-    finally:
-        sys.path.remove(here)
+    """bertfast/bench/report.py (the suite's report): int8 rows get their own table and
+    never enter the fp32 table's ratios or the best-peer target."""
+    from bertfast.bench import report
 
     def row(provider, ms, **kw):
         return dict(
@@ -242,7 +236,8 @@ def test_bertfast_bf16_row_runs_bf16_in_a_float32_run(checkpoint):
     """``bertfast-cpu-bf16``: a low-precision row (no fp32 ratios) whose output is the
     bf16 model's, close to transformers fp32 within the bf16 parity tolerance and not
     bit-equal to bertfast fp32 (it really ran in bf16)."""
-    from bertfast.bench.providers import BertfastProvider, provider_by_name
+    from bertfast.bench.providers import BertfastProvider
+    from bertfast.bench.registry import provider_by_name
 
     pr = provider_by_name("bertfast-cpu-bf16", "cpu")
     assert pr.int8 and pr.precision == "bfloat16" and not pr.is_bertfast
@@ -258,3 +253,36 @@ def test_bertfast_bf16_row_runs_bf16_in_a_float32_run(checkpoint):
     assert parity_error(got, fp32, batch.attention_mask) > parity_error(
         fp32, ref, batch.attention_mask
     )
+
+
+def test_registry_names_every_provider_once():
+    """bertfast.bench.registry is the one list of providers (``bertfast bench`` and the
+    suite): every name resolves to a provider of that name, the suite's default list is
+    the baselines, then the int8 peers, then bertfast; the peer conversions go to the
+    cache folder asked for. providers.py (the Provider interface) imports neither the
+    peers nor the registry: no circle."""
+    import ast
+
+    from bertfast.bench import providers, registry
+
+    tree = ast.parse(open(providers.__file__).read())
+    froms = {(n.level, n.module) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not {(1, "peers"), (1, "registry")} & froms, froms
+
+    suite = [p.name for p in registry.suite_providers("cpu")]
+    n = len(registry.BASELINES)
+    assert suite[:n] == list(registry.BASELINES)
+    assert suite[n : n + len(registry.INT8_PEERS)] == list(registry.INT8_PEERS)
+    assert all(name.startswith("bertfast-") for name in suite[n + len(registry.INT8_PEERS) :])
+    builtin = [p.name for p in registry.builtin_providers("cpu")]
+    assert builtin[:2] == ["transformers-eager", "transformers-sdpa"]
+    known = registry.known_providers("cpu")
+    extra = {"bertfast-cpu-int8", "bertfast-cpu-bf16", "openvino-latency", "openvino-throughput"}
+    assert set(known) == set(suite) | set(builtin) | extra
+    for name in known:
+        assert registry.provider_by_name(name, "cpu").name == name
+    assert registry.provider_by_name("bertfast-nope", "cpu").unavailable("cpu", FP32)
+    with pytest.raises(ValueError, match="bertfast-<backend>"):
+        registry.provider_by_name("no-such-runtime", "cpu")
+    for name in PEERS:
+        assert registry.provider_by_name(name, "cpu", cache_dir="/cache").cache_dir == "/cache"

@@ -4,7 +4,7 @@ Runs ``pytest benchmarks`` in a subprocess with ``BERTFAST_BENCH_SMOKE=1`` (tiny
 2-layer model, 2x16 / ragged / padded batches, kernels at 128 tokens x hidden 64, one
 round each, torch.compile left out, each end-to-end provider in its own worker
 process; the peers ORT / OpenVINO / CTranslate2 run where installed), then
-``benchmarks/report.py`` on its JSON. It checks that the suite, the parity bookkeeping
+``benchmarks/make_report.py`` on its JSON. It checks that the suite, the parity bookkeeping
 and the report work, never speed. The full suite stays out of CI (``pytest`` only
 collects ``tests/``).
 """
@@ -98,7 +98,7 @@ def test_benchmark_suite_smoke(tmp_path):
 
     report_dir = tmp_path / "report"
     proc = _run(
-        [sys.executable, os.path.join(BENCH, "report.py"), str(out), "--out", str(report_dir)],
+        [sys.executable, os.path.join(BENCH, "make_report.py"), str(out), "--out", str(report_dir)],
         env,
         timeout=120,
     )
@@ -112,11 +112,11 @@ def test_benchmark_suite_smoke(tmp_path):
 
 
 def test_bench_cli_smoke(tmp_path):
-    """``bertfast bench`` (bertfast.bench.main) end to end on a tiny random model."""
+    """``bertfast bench`` (bertfast.cli.bench.main) end to end on a tiny random model."""
     transformers = pytest.importorskip("transformers")
     import torch
 
-    from bertfast import bench
+    from bertfast.cli import bench
 
     cfg = transformers.BertConfig(
         hidden_size=32,

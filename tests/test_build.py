@@ -1,12 +1,14 @@
 """What the native build contains.
 
 - The C++ (CPU) side of ``bertfast._C`` is always built.
-- When ``nvcc`` is on PATH and ``BERTFAST_SKIP_CUDA`` is not set, the CUDA kernels
-  must be in the build, for sm_80 and sm_90 (or, in a build made with
-  ``BERTFAST_CUDA_ARCHS``, for exactly those): CMake compiles kernels/cuda/*.cu then,
-  so a CUDA compile error fails the build and this test fails if CUDA was silently
-  left out. A build made on purpose with BERTFAST_SKIP_CUDA=1 records that in
-  ``build_info()["cuda_status"]`` and this check skips with that reason.
+- When ``nvcc`` is on PATH, ``BERTFAST_SKIP_CUDA`` is not set and the torch is a CUDA
+  build (or ``BERTFAST_BUILD_CUDA=1`` asks for the kernels with a CPU-only torch, as
+  .ci/run does), the CUDA kernels must be in the build, for sm_80 and sm_90 (or, in a
+  build made with ``BERTFAST_CUDA_ARCHS``, for exactly those): CMake compiles
+  kernels/cuda/*.cu then, so a CUDA compile error fails the build and this test fails
+  if CUDA was silently left out. A build without them records why in
+  ``build_info()["cuda_status"]`` (nvcc not found, BERTFAST_SKIP_CUDA, a CPU-only
+  torch) and this check skips with that reason.
 """
 
 import os
@@ -21,8 +23,23 @@ import bertfast
 _FALSE = ("", "0", "off", "false", "no", "n")
 
 
+def _env_set(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in _FALSE
+
+
 def _skip_cuda_requested() -> bool:
-    return os.environ.get("BERTFAST_SKIP_CUDA", "").strip().lower() not in _FALSE
+    return _env_set("BERTFAST_SKIP_CUDA")
+
+
+#: build_info()["cuda_status"] of a build without the CUDA kernels, one per reason
+#: (CMakeLists.txt's CUDA block).
+_NOT_BUILT = {
+    "skip": re.compile(r"not built: BERTFAST_SKIP_CUDA was set"),
+    "cpu torch": re.compile(
+        r"not built: skipped for the CPU-only torch \S+, BERTFAST_BUILD_CUDA=1 builds them"
+    ),
+    "no nvcc": re.compile(r"not built: nvcc not found"),
+}
 
 
 def test_cpp_side_always_present():
@@ -38,18 +55,23 @@ def test_cuda_built_when_nvcc_present():
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH: the build has no CUDA kernels by design")
     info = bertfast.build_info()
-    if _skip_cuda_requested() or "BERTFAST_SKIP_CUDA" in info.get("cuda_status", ""):
-        pytest.skip(f"CUDA left out on purpose: {info.get('cuda_status')}")
+    status = info.get("cuda_status", "")
+    if _skip_cuda_requested() or "BERTFAST_SKIP_CUDA was set" in status:
+        pytest.skip(f"CUDA left out on purpose: {status}")
+    if _NOT_BUILT["cpu torch"].fullmatch(status) and not _env_set("BERTFAST_BUILD_CUDA"):
+        # what a CPU-only torch builds by default; .ci/run sets BERTFAST_BUILD_CUDA=1, so
+        # there a build like this one fails below
+        pytest.skip(f"CUDA left out for a torch that cannot run it: {status}")
     assert info["cuda"] is True, (
-        "nvcc is on PATH but bertfast._C was built without CUDA: rebuild, or set "
-        "BERTFAST_SKIP_CUDA=1 if that was intended"
+        f"nvcc is on PATH but bertfast._C was built without CUDA ({status}): rebuild, or "
+        "set BERTFAST_SKIP_CUDA=1 if that was intended (BERTFAST_BUILD_CUDA=1 builds the "
+        "kernels with a CPU-only torch)"
     )
     assert info["cuda_version"]
     # The build's own record (CMakeLists.txt): "built" for the default architectures,
     # "built for BERTFAST_CUDA_ARCHS 90 (default 80,90)" when BERTFAST_CUDA_ARCHS chose
     # others at build time (benchmarks/gpu_check.sh builds for the GPU it runs on); the
     # environment of the test run need not be the build's.
-    status = info.get("cuda_status", "")
     requested = re.search(r"BERTFAST_CUDA_ARCHS (\S+)", status)
     if requested:
         want = [f"sm_{a}" for a in requested.group(1).split(",") if a]
@@ -78,3 +100,52 @@ def test_cuda_built_when_nvcc_present():
     ):
         assert hasattr(_C.cuda, name), f"bertfast._C.cuda.{name} missing"
     assert isinstance(_C.cuda.device_count(), int)
+
+
+def test_cuda_status_says_why_cuda_is_absent():
+    """A build without the CUDA kernels names one of the three reasons; a CPU-only
+    torch is the reason only when the torch is CPU-only (the torch _C links)."""
+    info = bertfast.build_info()
+    status = info["cuda_status"]
+    if info["cuda"]:
+        assert status.startswith("built"), status
+        return
+    assert info["cuda_version"] is None and info["cuda_archs"] == []
+    reasons = [name for name, pattern in _NOT_BUILT.items() if pattern.fullmatch(status)]
+    assert len(reasons) == 1, status
+    if reasons == ["cpu torch"]:
+        assert torch.version.cuda is None, (status, torch.version.cuda)
+        assert torch.__version__ in status, (status, torch.__version__)
+
+
+def test_info_prints_why_cuda_is_absent(monkeypatch, capsys):
+    """`bertfast info` prints the build's cuda_status when the kernels are absent."""
+    import bertfast.info
+    from bertfast import cli
+
+    status = f"not built: skipped for the CPU-only torch {torch.__version__}, " + (
+        "BERTFAST_BUILD_CUDA=1 builds them"
+    )
+    assert _NOT_BUILT["cpu torch"].fullmatch(status)
+    fake = {"native": True, "cxx_compiler": "GNU", "openmp": True, "cuda": False}
+    fake |= {"cuda_status": status, "cuda_version": None, "cuda_archs": []}
+    monkeypatch.setattr(bertfast.info, "build_info", lambda: fake)
+    assert cli.main(["info"]) == 0
+    assert f"CUDA         : none ({status})" in capsys.readouterr().out
+
+
+def test_ci_compiles_the_cuda_kernels():
+    """.ci/run's README test command runs with BERTFAST_BUILD_CUDA=1 (CI's torch is
+    CPU-only, which would skip them), and pyproject.toml passes it on to CMake."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    lines = (root / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    start = lines.index("(")  # the subshell of README's test command
+    block = lines[start : lines.index(")", start)]
+    assert "export BERTFAST_BUILD_CUDA=1" in block, block
+    assert any("pip install --no-build-isolation -e" in line for line in block), block
+    pyproject = (root / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'BERTFAST_BUILD_CUDA = { env = "BERTFAST_BUILD_CUDA"' in pyproject
+    cmake = (root / "CMakeLists.txt").read_text(encoding="utf-8")
+    assert "NOT BERTFAST_BUILD_CUDA" in cmake and "CPU-only torch" in cmake

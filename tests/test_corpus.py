@@ -6,6 +6,7 @@ generator script writes."""
 import importlib.util
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -105,9 +106,12 @@ def test_code_numbers_urls_questions():
     assert count(r"[!?.,;:]{3,}") >= 5, "punctuation runs"
 
 
+#: The generator lives in the repository, not in the package (issue 29).
+GENERATOR = Path(__file__).resolve().parents[1] / "tools" / "make_accuracy_corpus.py"
+
+
 def test_files_are_the_generator_output():
-    path = data_file("make_accuracy_corpus.py")
-    spec = importlib.util.spec_from_file_location("make_accuracy_corpus", path)
+    spec = importlib.util.spec_from_file_location("make_accuracy_corpus", GENERATOR)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     corpus, queries = module.build()
@@ -115,6 +119,19 @@ def test_files_are_the_generator_output():
     assert queries == QUERIES
     # each query paraphrases a corpus sentence (its pair in the generator)
     assert all(sentence in CORPUS for sentence, _ in module.PAIRS)
+    assert module.DATA == data_file("").resolve(), "the generator writes elsewhere"
+
+
+def test_generator_is_not_in_the_package():
+    """tools/ is the repository's, not the wheel's: wheel.packages names bertfast only,
+    and no generator is left in the package's data folder."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = GENERATOR.parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["scikit-build"]
+    assert config["wheel"]["packages"] == ["bertfast"]
+    assert not (root / "tools" / "__init__.py").exists()
+    assert not list(data_file("").glob("*.py")), "Python files in bertfast/data ship"
 
 
 def test_data_ships_in_the_wheel():

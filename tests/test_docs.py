@@ -2,8 +2,8 @@
 
 Scans every tracked source and documentation file for repository paths (``docs/...``,
 ``benchmarks/...``, ``bertfast/...``, ``tests/...``, ``examples/...``, ``kernels/...``,
-``csrc/...``), relative Markdown links, and the ``$R/<file>`` results files of the
-benchmark commands, and checks each one exists. Paths with a placeholder
+``csrc/...``, ``tools/...``), relative Markdown links, and the ``$R/<file>`` results
+files of the benchmark commands, and checks each one exists. Paths with a placeholder
 (``<device>``, ``*``, ``{...}``) name a pattern, not a file, and are skipped.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = re.compile(r"\.(py|md|toml|cpp|h|cu|cuh|cfg|yaml|txt)$|(^|/)run$")
-TOP = ("docs", "benchmarks", "bertfast", "tests", "examples", "kernels", "csrc")
+TOP = ("docs", "benchmarks", "bertfast", "tests", "examples", "kernels", "csrc", "tools")
 REPO_PATH = re.compile(r"(?<![\w./<>{}$-])((?:" + "|".join(TOP) + r")/[\w./-]*\w)(?![\w<*{])")
 MD_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 R_DEF = re.compile(r"^R=(\S+)\s*$", re.M)

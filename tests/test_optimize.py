@@ -1,8 +1,9 @@
 """optimize(): a transformers / sentence-transformers model running on bertfast.
 
 Reference: the same model's original forward, run before optimize() (fp32, TF32
-off). Tolerance 1e-4 on real tokens: fp32 with a different summation order through
-2-3 layers drifts by ~1e-6; a real bug (wrong weight, mask, position) is >1e-2.
+off). Tolerance 1e-4 (END_TO_END_ATOL) on real tokens: fp32 with a different
+summation order through 2-3 layers drifts by ~1e-6; a real bug (wrong weight, mask,
+position) is >1e-2.
 """
 
 import copy
@@ -13,10 +14,11 @@ import torch
 
 import bertfast
 from bertfast.dropin import UnsupportedArgument
+from bertfast.ops.parity import END_TO_END_ATOL
 
 from .models import FAMILIES, FAMILY_HEADS, build, sentence_checkpoint
 
-ATOL = 1e-4
+ATOL = END_TO_END_ATOL
 BACKENDS = ["torch", "auto"]
 
 

@@ -2,18 +2,20 @@
 
 Reference: the same transformers model's own forward, run before optimize() (fp32,
 TF32 off, eager attention), compared at *every* position, padded ones included.
-Tolerance 1e-4 as in test_optimize.py: fp32 through 2-3 layers in a different
-summation order drifts by ~1e-6; a wrong mask, position or pooler token is > 1e-2.
+Tolerance 1e-4 (END_TO_END_ATOL) as in test_optimize.py: fp32 through 2-3 layers in a
+different summation order drifts by ~1e-6; a wrong mask, position or pooler token is
+> 1e-2.
 """
 
 import pytest
 import torch
 
 import bertfast
+from bertfast.ops.parity import END_TO_END_ATOL
 
 from .models import FAMILIES, build
 
-ATOL = 1e-4
+ATOL = END_TO_END_ATOL
 
 
 def _inputs(family, left_pad=True, empty_row=False):

@@ -3,9 +3,10 @@
 Tolerance: fp32 with TF32 off (conftest.py; set again below). bertfast and
 transformers compute the same math in a different order (fused QKV GEMM, packed
 tokens, per-sequence attention), so over 2-3 layers the outputs differ by ~1e-6
-(MLM logits, which are larger numbers, by ~1e-5). ``ATOL = 1e-4`` leaves that
-headroom yet catches any real bug (a dropped bias, a wrong activation, a
-mis-split QKV, a wrong position offset), which shows up as > 1e-2.
+(MLM logits, which are larger numbers, by ~1e-5). ``ATOL`` (1e-4, the end-to-end
+tolerance ``bertfast.ops.parity.END_TO_END_ATOL``) leaves that headroom yet catches
+any real bug (a dropped bias, a wrong activation, a mis-split QKV, a wrong position
+offset), which shows up as > 1e-2.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import bertfast
+from bertfast.ops.parity import END_TO_END_ATOL
 from tests.models import (
     FAMILIES,
     FAMILY_HEADS,
@@ -30,7 +32,7 @@ from tests.models import (
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 
-ATOL = 1e-4
+ATOL = END_TO_END_ATOL
 BACKENDS = ("torch", "auto")
 
 #: output fields whose second dimension is the sequence (compared on real tokens)

@@ -254,7 +254,7 @@ def test_int8_model_under_torch_compile(tmp_path):
 
 
 def test_bench_provider_is_an_int8_row(tmp_path):
-    from bertfast.bench.providers import provider_by_name
+    from bertfast.bench.registry import provider_by_name
     from bertfast.bench.workload import make_batch as bench_batch
 
     hf = build("bert")

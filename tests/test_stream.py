@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -451,3 +452,76 @@ def test_user_errors(micro, tmp_path, capsys):
     fails("-i", texts, "-o", tmp_path / "o.npy", "--chunk-size", 0, words=["--chunk-size"])
     (tmp_path / "x.parquet").write_text("not parquet")
     fails("-i", tmp_path / "x.parquet", "-o", tmp_path / "o.npy", words=["x.parquet", "Parquet"])
+
+
+# ---------------------------------------------------------------- .jsonl floats
+def _float32_cases() -> np.ndarray:
+    """Unit vectors, other magnitudes (1e-30 .. 1e30), subnormals, the extremes,
+    values that print short (0.1, 0.5, 1e-05, 16777216), signed zeros."""
+    rng = np.random.default_rng(7)
+    unit = rng.standard_normal((64, 32))
+    unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+    scaled = rng.standard_normal((64, 32)) * 10.0 ** rng.integers(-30, 31, (64, 1))
+    bits = rng.integers(0, 2**32, (64, 32), dtype=np.uint64).astype(np.uint32)
+    subnormal = (bits & np.uint32(0x807FFFFF)).view(np.float32)  # exponent bits 0
+    anything = bits.view(np.float32)
+    anything = np.where(np.isfinite(anything), anything, 1.5)  # non-finite: below
+    info = np.finfo(np.float32)
+    edges = [0.0, -0.0, 0.1, -0.5, 1e-5, 16777216.0, 3.0e-8, 1.0, 1e-13, 1e22]
+    edges += [info.max, -info.max, info.tiny, info.smallest_subnormal, -info.eps]
+    edges = np.resize(np.array(edges, dtype=np.float32), (1, 32))
+    parts = [unit, scaled, subnormal, anything, edges]
+    return np.concatenate([np.asarray(p, dtype=np.float32) for p in parts])
+
+
+def _jsonl_through_sink(tmp_path, vectors: np.ndarray) -> list[dict]:
+    from bertfast.stream import Chunk, open_sink
+
+    out = tmp_path / "v.jsonl"
+    sink = open_sink(out, len(vectors), vectors.shape[1], len(vectors), {})
+    sink.open(resume=False)
+    sink.write(Chunk(0, ["t"] * len(vectors)), list(range(len(vectors))), vectors)
+    sink.finish()
+    return [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+
+
+def test_jsonl_floats_read_back_bit_for_bit_in_shortest_form(tmp_path):
+    """Each float32 is written with the fewest digits that read back (json.loads, then
+    float32) as the same bits: numpy's shortest float32 repr, not the 17 digits a
+    float64 conversion prints."""
+    vectors = _float32_cases()
+    records = _jsonl_through_sink(tmp_path, vectors)
+    assert [r["id"] for r in records] == list(range(len(vectors)))
+    read = np.array([r["embedding"] for r in records])  # float64, as json.loads gives
+    back = read.astype(np.float32)
+    assert np.array_equal(back.view(np.uint32), vectors.view(np.uint32))
+    # the same decimal as numpy's Dragon4 (shortest, nearest, ties to an even digit)
+    shortest = [float(np.format_float_scientific(v, unique=True)) for v in vectors.ravel()]
+    differ = np.flatnonzero(read.ravel() != np.array(shortest))
+    assert not len(differ), [(read.flat[i], shortest[i]) for i in differ[:5]]
+    lines = (tmp_path / "v.jsonl").read_text(encoding="utf-8").splitlines()
+    numbers = [n for line in lines for n in line.split('"embedding": [')[1][:-2].split(", ")]
+    assert len(numbers) == vectors.size
+    digits = [len(re.sub(r"e.*|[-.]", "", n).strip("0")) for n in numbers]
+    assert max(digits) <= 9 and np.mean(digits) < 9
+
+
+def test_jsonl_non_finite_values_as_before(tmp_path):
+    """NaN and the infinities are written as json writes them (NaN, Infinity,
+    -Infinity; json.loads reads them back); the numbers around them stay short."""
+    vectors = np.array([[np.nan, np.inf, -np.inf, 0.1, -0.0]], dtype=np.float32)
+    out = _jsonl_through_sink(tmp_path, vectors)
+    text = (tmp_path / "v.jsonl").read_text(encoding="utf-8")
+    assert '"embedding": [NaN, Infinity, -Infinity, 0.1, -0.0]' in text
+    back = np.array(out[0]["embedding"], dtype=np.float32)
+    assert np.isnan(back[0]) and back[1] == np.inf and back[2] == -np.inf
+    assert np.array_equal(back[3:].view(np.uint32), vectors[0, 3:].view(np.uint32))
+
+
+def test_shortest_float32_keeps_shape_and_empty_chunks():
+    from bertfast.stream import shortest_float32
+
+    assert shortest_float32(np.zeros((0, 8), np.float32)).shape == (0, 8)
+    got = shortest_float32(np.array([[0.1, 1 / 3], [2.5e-20, 7.0]], dtype=np.float32))
+    assert got.dtype == np.float64 and got.shape == (2, 2)
+    assert [repr(v) for v in got.ravel().tolist()] == ["0.1", "0.33333334", "2.5e-20", "7.0"]

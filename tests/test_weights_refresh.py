@@ -10,7 +10,7 @@
 - ``torch.inference_mode()`` around loading, running, or both.
 
 Reference: transformers computing with the same (edited) weights, fp32; tolerance
-1e-4 on real tokens (see tests/test_optimize.py for why).
+1e-4 (END_TO_END_ATOL) on real tokens (see tests/test_optimize.py for why).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ import torch
 
 import bertfast
 from bertfast.ops import cpu_weights
+from bertfast.ops.parity import END_TO_END_ATOL
 
 from .models import build, make_batch, save
 
-ATOL = 1e-4
+ATOL = END_TO_END_ATOL
 BACKENDS = ["cpu", "auto"]
 WAYS = ["data_setitem", "no_grad_copy_on_view", "numpy_shared_memory", "in_place_op"]
 

@@ -1,9 +1,10 @@
-"""The accuracy contract of the low-precision paths (``bertfast accuracy``).
+"""The accuracy contract of the low-precision paths (the ``bertfast accuracy``
+command: bertfast/cli/accuracy.py).
 
 Sentence vectors of each variant are compared with **bertfast fp32** on the corpus
 the package ships (``bertfast/data/accuracy_corpus.txt``: 599 lines, 1 to 256+
 WordPiece tokens, 20+ languages, code, numbers, URLs, emoji; written by
-``bertfast/data/make_accuracy_corpus.py``):
+``tools/make_accuracy_corpus.py`` in the repository, which the package does not ship):
 
 - per sentence, the cosine between the variant's vector and the fp32 one (min and
   mean over the corpus are reported);
@@ -26,17 +27,18 @@ import it): the contract lives here once.
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import inspect
-import json
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from .providers import TransformersProvider
+from .registry import INT8_PEERS, provider_by_name
 
 __all__ = [
     "CONTRACT",
@@ -58,7 +60,6 @@ __all__ = [
     "run",
     "format_markdown",
     "contract_failures",
-    "main",
 ]
 
 #: The accuracy contract (issue 15), per variant: the floor of each statistic against
@@ -67,8 +68,8 @@ CONTRACT: dict[str, dict[str, float]] = {
     "bertfast-bf16": {"min_cosine": 0.999},
     "bertfast-int8": {"min_cosine": 0.99, "mean_cosine": 0.997, "retrieval_overlap": 0.90},
 }
-#: bertfast int8 must be no worse than these on the same sentences (min and mean cosine).
-INT8_PEERS = ("onnxruntime-int8", "ctranslate2-int8")
+#: bertfast int8 must be no worse than the int8 peers (``INT8_PEERS``, from
+#: bertfast.bench.registry) on the same sentences (min and mean cosine).
 #: The reference is checked too: bertfast fp32 vs transformers / sentence-transformers fp32.
 REFERENCE_MIN_COSINE = 0.99999
 #: Neighbours per query in the retrieval check.
@@ -177,17 +178,9 @@ def variant_encoder(
     if reference is None:
         reference = load_embedder(path)
     if name == "transformers-fp32":
-        from .providers import TransformersProvider
-
         provider = TransformersProvider("eager")
-    elif name == "onnxruntime-int8":
-        from .peers import OnnxRuntimeProvider
-
-        provider = OnnxRuntimeProvider(int8=True, cache_dir=cache_dir)
-    elif name == "ctranslate2-int8":
-        from .peers import CTranslate2Provider
-
-        provider = CTranslate2Provider(int8=True, cache_dir=cache_dir)
+    elif name in INT8_PEERS:
+        provider = provider_by_name(name, "cpu", cache_dir=cache_dir)
     else:
         raise ValueError(f"unknown variant {name!r}; choose from {', '.join(VARIANTS)}")
     why = provider.unavailable("cpu", torch.float32)
@@ -259,6 +252,25 @@ def evaluate(
     )
 
 
+@contextlib.contextmanager
+def _no_loading_bars() -> Iterator[None]:
+    """transformers' progress bars ("Loading weights", from ``from_pretrained`` of the
+    transformers row and the peers' conversions) off for the block, as they were after
+    it: they would interleave with the report's lines."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def run(
     path,
     variants: Sequence[str] = VARIANTS,
@@ -267,7 +279,13 @@ def run(
 ) -> dict:
     """Encode corpus and queries with bertfast fp32 and each variant; returns the
     report (a JSON-ready dict: corpus facts, and one :class:`VariantResult` per
-    variant under ``"variants"``)."""
+    variant under ``"variants"``). transformers' loading progress bars are off
+    meanwhile."""
+    with _no_loading_bars():
+        return _run(path, variants, cache_dir, log)
+
+
+def _run(path, variants, cache_dir, log) -> dict:
     log = log or (lambda line: None)
     corpus, queries = load_corpus(), load_queries()
     start = time.perf_counter()
@@ -299,11 +317,11 @@ def run(
             f"{name}: min cosine {res.min_cosine:.6f}, mean {res.mean_cosine:.6f} "
             f"({res.seconds:.1f} s)"
         )
-    from .cli import _model_name
+    from ..presets import display_name
 
     return {
         "model": str(path),
-        "model_name": _model_name(path),
+        "model_name": display_name(path),
         "reference": "bertfast-fp32",
         "corpus": {
             "texts": len(corpus),
@@ -401,88 +419,3 @@ def format_markdown(report: dict) -> str:
         "Contract: " + ("met by every variant that ran" if not failures else "; ".join(failures))
     )
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- command line
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="bertfast accuracy",
-        description="Low-precision sentence vectors (bf16, int8; --peers: ONNX Runtime and "
-        "CTranslate2 int8) against bertfast fp32 on the shipped corpus: min / mean cosine "
-        "and top-10 retrieval overlap, as a Markdown table (--json: also a JSON file).",
-    )
-    p.add_argument(
-        "--model",
-        default="minilm",
-        help="checkpoint folder or 'minilm' (the packaged all-MiniLM-L6-v2, the default; "
-        "the contract is stated for it)",
-    )
-    p.add_argument(
-        "--dtype",
-        action="append",
-        choices=("bf16", "bfloat16"),
-        help="check this dtype (default: bf16 and int8 both when neither --dtype nor "
-        "--quantize is given)",
-    )
-    p.add_argument("--quantize", action="append", choices=("int8",), help="check int8")
-    p.add_argument("--peers", action="store_true", help="also ONNX Runtime and CTranslate2 int8")
-    p.add_argument(
-        "--no-reference-check",
-        action="store_true",
-        help="skip the transformers fp32 row (the independent check of the reference)",
-    )
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--json", default=None, metavar="OUT", help="also write the report here")
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="exit 1 when a variant that ran breaks the contract",
-    )
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
-    from ..validate import CheckpointError
-    from .cli import _model_folder
-
-    def error(message: str) -> int:
-        print(f"bertfast accuracy: error: {message}", file=sys.stderr)
-        return 2
-
-    try:
-        if args.threads is not None and args.threads < 1:
-            raise ValueError(f"--threads must be at least 1, not {args.threads}")
-        path = Path(_model_folder(args.model))
-        if args.json:
-            out = Path(args.json)
-            if out.is_dir():
-                raise ValueError(f"--json {args.json!r} is a folder")
-            if not out.parent.exists():
-                raise ValueError(f"--json: folder {str(out.parent)!r} does not exist")
-    except (ValueError, CheckpointError, TypeError) as exc:
-        return error(str(exc))
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    variants = [] if args.no_reference_check else ["transformers-fp32"]
-    if not args.dtype and not args.quantize:
-        variants += ["bertfast-bf16", "bertfast-int8"]
-    if args.dtype:
-        variants.append("bertfast-bf16")
-    if args.quantize:
-        variants.append("bertfast-int8")
-    if args.peers:
-        variants += list(INT8_PEERS)
-    try:
-        report = run(path, variants, log=lambda line: print(f"  {line}", file=sys.stderr))
-    except (ValueError, CheckpointError, OSError) as exc:
-        return error(str(exc))
-    print(format_markdown(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    return 1 if args.check and contract_failures(report) else 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -118,8 +118,8 @@ class Worker:
             prefix=f"bertfast-worker-{provider.name}-", suffix=".log", delete=False
         )
         env = dict(os.environ)
-        # The parent's import path, so providers defined next to the caller (the
-        # suite's benchmarks/providers.py) unpickle in the worker.
+        # The parent's import path, so providers defined next to the caller (e.g.
+        # benchmarks/gpu_e2e.py's AutoProvider) unpickle in the worker.
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env[var] = str(threads)

@@ -1,6 +1,8 @@
-"""The in-process providers: each way of running the encoder behind one interface
-(bertfast per backend, transformers eager / SDPA). The suite in ``benchmarks/`` adds
-torch.compile and ONNX Runtime on top of these."""
+"""The :class:`Provider` interface and the in-process providers: bertfast per backend
+(and its int8 / bf16 rows), transformers eager / SDPA, ``torch.compile``. The other
+runtimes (ONNX Runtime, OpenVINO, CTranslate2) subclass :class:`Provider` in
+:mod:`bertfast.bench.peers`; :mod:`bertfast.bench.registry` lists them all by name.
+This module imports neither of those."""
 
 from __future__ import annotations
 
@@ -20,8 +22,6 @@ __all__ = [
     "TransformersProvider",
     "CompileProvider",
     "bertfast_backends",
-    "builtin_providers",
-    "provider_by_name",
 ]
 
 
@@ -63,19 +63,19 @@ class BertfastProvider(Provider):
         self.name = f"bertfast-{backend}"
 
     def unavailable(self, device, dtype):
-        import bertfast
+        from ..info import backends
 
         dev = torch.device(device).type
-        status = bertfast.backends().get(dev, {})
+        status = backends().get(dev, {})
         reason = status.get(self.backend, f"unknown backend {self.backend}")
         if reason is None and dev == "cpu" and self.backend == "triton":
             return "triton on CPU runs only under the interpreter (not benchmarked)"
         return reason
 
     def load(self, model_path, device, dtype):
-        import bertfast
+        from ..model import from_pretrained
 
-        model = bertfast.from_pretrained(
+        model = from_pretrained(
             model_path, device=device, dtype=dtype, backend=self.backend, **self.load_kwargs
         )
         model.eval()
@@ -222,38 +222,10 @@ class CompileProvider(TransformersProvider):
 def bertfast_backends(device: str) -> list[str]:
     """Backends bertfast can run on ``device`` (never the Triton interpreter on CPU)."""
     try:
-        import bertfast
+        from ..info import backends
 
-        status = bertfast.backends().get(torch.device(device).type, {})
+        status = backends().get(torch.device(device).type, {})
     except Exception:
         return []
     dev = torch.device(device).type
     return [b for b, why in status.items() if why is None and not (dev == "cpu" and b == "triton")]
-
-
-def builtin_providers(device: str) -> list[Provider]:
-    """Baselines first, then one bertfast provider per usable backend."""
-    out: list[Provider] = [TransformersProvider("eager"), TransformersProvider("sdpa")]
-    backends = bertfast_backends(device) or ["torch"]
-    out += [BertfastProvider(b) for b in backends]
-    return out
-
-
-def provider_by_name(name: str, device: str) -> Provider:
-    """The built-in provider or peer runtime (``bertfast.bench.peers``) called ``name``
-    (any ``bertfast-<backend>`` is accepted, also for a backend that cannot run here: it
-    then reports why through ``unavailable``). ``ValueError`` lists the known names."""
-    from .peers import OpenVinoProvider, peer_providers
-
-    known = {p.name: p for p in builtin_providers(device) + peer_providers(device)}
-    known[BertfastInt8Provider.NAME] = BertfastInt8Provider()
-    known[BertfastBf16Provider.NAME] = BertfastBf16Provider()
-    known["torch-compile"] = CompileProvider()
-    for hint in OpenVinoProvider.HINTS:
-        p = OpenVinoProvider(hint)
-        known[p.name] = p
-    if name in known:
-        return known[name]
-    if name.startswith("bertfast-"):
-        return BertfastProvider(name[len("bertfast-") :])
-    raise ValueError(f"unknown provider {name!r}; known: {sorted(known)} or bertfast-<backend>")

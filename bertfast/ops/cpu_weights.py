@@ -12,19 +12,18 @@ Two GEMMs run ``cpu.linear`` on CPU (``BERTFAST_CPU_GEMM`` picks; see ``ROUTE``)
   (fp32 only; the default without oneDNN).
 - ``torch``: every GEMM on ``F.linear`` / ``torch.matmul``, weights kept plain.
 
-Measured on the Intel Xeon (AMX) dev VM, 2 threads, ms per call (M x K x N):
-4096x384x1152 F.linear 13.0, own 14.9, oneDNN 11.9; 4096x3072x768 61.2 / 66.0 /
-62.3; 16x384x1152 0.107 / 0.056 / 0.077; bf16 4096x384x1152 F.linear 1.52, oneDNN
-1.22, 16x384x1152 0.057 / 0.029. The own kernel is ahead below ~128 rows, oneDNN
-above, and a weight is kept in one form only (memory, below). oneDNN's fp32 weight
-layout on AVX-512 is the own kernel's panels, 64 wide (``[N / 64][K][64]``), so
-``auto`` keeps the oneDNN form and runs up to ``SMALL_ROWS`` rows on the own kernel
-reading that buffer in place (its few-rows kernel prefetches the weight as it
-streams it from memory; the layout is checked bit for bit per weight at load;
-elsewhere oneDNN runs every row count: never behind ``F.linear``, the same vendor
-GEMM without its per-call weight reorder). ``benchmarks/test_bench_kernels.py``
-times every model shape on the chosen route against ``F.linear``,
-``benchmarks/few_rows_stream.py`` a forward's GEMMs in sequence at few rows.
+In fp32 the own kernel is ahead below ~128 rows, oneDNN above; in bf16 oneDNN is
+ahead of ``F.linear`` (per-call times on the Intel Xeon AMX VM:
+``benchmarks/results/cpu-intel-xeon-amx-2t/notes.md``, "GEMM routes (cpu_weights)").
+A weight is kept in one form only (memory, below). oneDNN's fp32 weight layout on
+AVX-512 is the own kernel's panels, 64 wide (``[N / 64][K][64]``), so ``auto`` keeps
+the oneDNN form and runs up to ``SMALL_ROWS`` rows on the own kernel reading that
+buffer in place (its few-rows kernel prefetches the weight as it streams it from
+memory; the layout is checked bit for bit per weight at load; elsewhere oneDNN runs
+every row count: never behind ``F.linear``, the same vendor GEMM without its
+per-call weight reorder). ``benchmarks/test_bench_kernels.py`` times every model
+shape on the chosen route against ``F.linear``,
+``benchmarks/experiments/few_rows_stream.py`` a forward's GEMMs in sequence at few rows.
 
 There is no cache of packed copies (a cache keyed on a tensor's identity and
 version counter misses writes through ``.data``, through views under ``no_grad``
@@ -44,7 +43,7 @@ counter). Two kinds of weight reach ``cpu.linear``:
   is the cost a cache would save). Rows >= ``PACK_MIN_ROWS``
   (``BERTFAST_CPU_PACK_MIN_ROWS``; default: never) pack it into a temporary for the
   own C++ GEMM instead: on the Intel Xeon packing per call lost to ``F.linear`` at
-  every row count up to 2048 (``benchmarks/pack_crossover.py``); machines where the
+  every row count up to 2048 (``benchmarks/experiments/pack_crossover.py``); machines where the
   C++ GEMM is well ahead of the vendor BLAS (AMD Zen) may set it.
 """
 
@@ -56,6 +55,8 @@ import os
 import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
+
+from . import dispatch
 
 try:
     from .. import _C as _native
@@ -203,7 +204,7 @@ def layer_panels(weights, rows: int) -> list[Tensor] | None:
 #: (it reads those panels in place: no second copy). Up to here the C++ GEMM's
 #: few-rows kernel is ahead of oneDNN on the weights a forward streams from L3 or
 #: memory, at 256 rows level, at 512 behind (kernels/cpu/gemm.cpp,
-#: ``gemm_tile_few_rows``; measured with ``benchmarks/few_rows_stream.py`` on AMD
+#: ``gemm_tile_few_rows``; measured with ``benchmarks/experiments/few_rows_stream.py`` on AMD
 #: EPYC Zen 4, 2 threads, ms per forward's GEMMs, C++ / oneDNN: MiniLM 1 row 1.04 /
 #: 1.65, 16 rows 1.81 / 2.56, 64 rows 6.52 / 7.17, 128 rows 12.8 / 13.3, 256 rows
 #: 25.4 / 25.6; BERT-base 1 row 11.0 / 14.4, 16 rows 13.5 / 17.6, 64 rows 50.0 /
@@ -553,12 +554,4 @@ def can_pack(backend: str, device: torch.device, dtype: torch.dtype) -> bool:
     layers on a packed CPU GEMM (then ``from_pretrained`` packs them at load)."""
     if _kernels is None or torch.device(device).type != "cpu" or storage_for(dtype) is None:
         return False
-    from . import cpu
-    from .dispatch import PREFERENCE, _requested
-
-    name = _requested(backend)
-    if name == "auto":
-        name = next(
-            (n for n in PREFERENCE["cpu"] if n != "cpu" or cpu.IMPORT_ERROR is None), "torch"
-        )
-    return name == "cpu"
+    return dispatch.resolve(backend, "cpu").name == "cpu"

@@ -62,10 +62,9 @@ def _unavailable_reason() -> str | None:
     if _C is None:
         return IMPORT_ERROR
     if _kernels is None:
-        return (
-            "bertfast._C was built without CUDA kernels (nvcc not found at build time, "
-            "or BERTFAST_SKIP_CUDA set)"
-        )
+        # the build's own reason: nvcc not found, BERTFAST_SKIP_CUDA, or a CPU-only torch
+        why = _C.build_info().get("cuda_status") or "reason not recorded"
+        return f"bertfast._C was built without CUDA kernels ({why})"
     if not torch.cuda.is_available():
         if torch.version.cuda is None:
             return "no GPU: this torch build has no CUDA support"

@@ -42,7 +42,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -57,6 +57,8 @@ __all__ = [
     "select",
     "call",
     "backend_status",
+    "resolve",
+    "Resolved",
 ]
 
 #: Every backend bertfast knows, in no particular order.
@@ -68,6 +70,9 @@ _MODULES = {
     "cuda": "bertfast.ops.cuda",
     "triton": "bertfast.ops.triton",
 }
+#: The per-GPU winners table, loaded by name like the backends: it imports this module
+#: (``Candidate``, ``get_backend``), so this module never imports it.
+_WINNERS_MODULE = "bertfast.ops.winners"
 
 #: Preference order of ``backend="auto"`` per device type. Triton on CPU runs
 #: only through the interpreter (tests), so it is never picked automatically there.
@@ -242,6 +247,38 @@ def _requested(backend: str) -> str:
     return backend
 
 
+class Resolved(NamedTuple):
+    """What :func:`resolve` answers."""
+
+    #: "auto" or the backend asked for (``BERTFAST_BACKEND`` overrides "auto").
+    requested: str
+    #: The backend that runs here: the one asked for, or for "auto" the first of the
+    #: device's preference order that can run there at all; None when it cannot / none can.
+    name: str | None
+    #: Backend -> why it cannot run here, for each one passed over (or the one asked for).
+    reasons: dict[str, str]
+
+
+def resolve(backend: str, device_type: str) -> Resolved:
+    """Which backend runs a model on ``device_type`` for ``backend`` ("auto" or a
+    name; ``BERTFAST_BACKEND`` overrides "auto"), and why not the ones passed over.
+
+    The one answer to "will this model run on the cpu backend here?" (what
+    ``cpu_weights.can_pack``, ``quant.unsupported_reason`` and the model's fast-path
+    plan ask), made by name, so a module of one backend never imports another. Only
+    whether a backend runs on the device at all (:func:`backend_status`'s reasons) is
+    asked: each call's input is still checked per op by :func:`select`. Imports only
+    the backends it asks about; ValueError for a name bertfast does not know."""
+    requested = _requested(backend)
+    reasons = {}
+    for name in PREFERENCE.get(device_type, ("torch",)) if requested == "auto" else (requested,):
+        reason = _status(name, device_type)
+        if reason is None:
+            return Resolved(requested, name, reasons)
+        reasons[name] = reason
+    return Resolved(requested, None, reasons)
+
+
 def select(op: str, backend: str, device_type: str, dtype: torch.dtype, args) -> Callable:
     """The implementation of ``op`` that will run ``args``, or a BackendError.
 
@@ -281,9 +318,7 @@ def _winner(op: str, dtype: torch.dtype, args) -> Callable | None:
     global _winners
     winners = _winners
     if winners is None:
-        from . import winners
-
-        _winners = winners
+        winners = _winners = importlib.import_module(_WINNERS_MODULE)
     candidate = winners.lookup(op, args[0].get_device(), dtype, args)  # the CUDA index
     if candidate is None:
         return None
@@ -335,13 +370,14 @@ def call(op: str, backend: str, device_type: str, dtype: torch.dtype, *args):
 
 def backend_status(device_type: str) -> dict[str, Reason]:
     """For each backend: None if it can run on ``device_type``, else why not."""
-    out = {}
-    for name in BACKEND_NAMES:
-        impl = get_backend(name)
-        if isinstance(impl, _Unimportable):
-            out[name] = impl.error
-        elif device_type not in impl.device_types:
-            out[name] = f"runs on {'/'.join(impl.device_types)} tensors only"
-        else:
-            out[name] = impl.unavailable(device_type)
-    return out
+    return {name: _status(name, device_type) for name in BACKEND_NAMES}
+
+
+def _status(name: str, device_type: str) -> Reason:
+    """None if backend ``name`` can run on ``device_type`` at all, else why not."""
+    impl = get_backend(name)
+    if isinstance(impl, _Unimportable):
+        return impl.error
+    if device_type not in impl.device_types:
+        return f"runs on {'/'.join(impl.device_types)} tensors only"
+    return impl.unavailable(device_type)

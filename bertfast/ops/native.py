@@ -5,8 +5,11 @@ its constants, and the operand preparation both launchers do the same way.
 contiguity, every size its kernel relies on), so a launcher only makes its operands
 contiguous, converts ids to int64 and passes them on; the extension allocates the
 output. The constants (dtype and activation names, CUDA head dims, size limits)
-are defined once, in ``csrc/constants.h``, and read here through
-``bertfast._C.constants()``.
+are defined once, in ``kernels/constants.h``, and read here through
+``bertfast._C.constants()`` (:data:`CONSTANTS`: what the loaded build was compiled
+with). :data:`HEADER_CONSTANTS` restates the header for code that must not need a
+build (the Triton backend reads its limits and codes there);
+``tests/ops/test_native_constants.py`` parses the header and checks both against it.
 """
 
 from __future__ import annotations
@@ -22,7 +25,22 @@ except ImportError as exc:  # pragma: no cover - only without a build
 else:
     IMPORT_ERROR = None
 
-#: csrc/constants.h, as exported by ``bertfast._C.constants()`` ({} without a build).
+#: kernels/constants.h restated, in the shape of ``bertfast._C.constants()``: the source
+#: tree's values, there without a build (the Triton backend's limits and codes).
+HEADER_CONSTANTS: dict = {
+    "dtypes": ("float32", "float16", "bfloat16"),  # DType, code = index
+    "activations": ("gelu", "gelu_tanh", "relu"),  # Activation, code = index
+    "no_activation": -1,  # kNoActivation
+    "cuda_attention_head_dims": (32, 64, 80, 96, 128),  # CudaAttentionHeadDims
+    "cuda_flash_attention_head_dims": (32, 64, 80, 96, 128),  # CudaFlashAttentionHeadDims
+    "max_layernorm_width": 16384,  # kMaxLayerNormWidth
+    "max_grid_yz": 65535,  # kMaxGridYZ
+    "max_cuda_seqlen": 1 << 30,  # kMaxCudaSeqLen
+    "max_cuda_rows": 0x7FFFFFFF,  # kMaxCudaRows
+}
+
+#: kernels/constants.h as the loaded build exports it (``bertfast._C.constants()``;
+#: {} without a build): what the C++ and CUDA kernels were compiled with.
 CONSTANTS: dict = dict(_C.constants()) if _C is not None else {}
 
 #: Storage dtypes the C++ and CUDA kernels take (math in fp32).

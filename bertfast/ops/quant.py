@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from . import cpu_weights as _cpu_weights
+from . import dispatch
 
 try:
     from .. import _C as _native
@@ -105,17 +106,15 @@ def unsupported_reason(device, dtype: torch.dtype, backend: str = "auto") -> str
         )
     if _kernels is None or not hasattr(_kernels, "qlinear"):
         return "quantize='int8' needs bertfast's compiled CPU kernels (bertfast._C), not built"
-    from . import cpu
-    from .dispatch import _requested
-
-    name = _requested(backend)
-    if name not in ("auto", "cpu"):
+    resolved = dispatch.resolve(backend, "cpu")
+    if resolved.requested not in ("auto", "cpu"):
         return (
             f"quantize='int8' runs on the 'cpu' backend (C++ int8 kernels); backend "
-            f"{name!r} has no int8 kernels"
+            f"{resolved.requested!r} has no int8 kernels"
         )
-    if cpu.IMPORT_ERROR is not None:
-        return f"quantize='int8' needs the 'cpu' backend, which is unavailable: {cpu.IMPORT_ERROR}"
+    if resolved.name != "cpu":
+        reason = resolved.reasons.get("cpu", f"'auto' resolves to {resolved.name!r}")
+        return f"quantize='int8' needs the 'cpu' backend, which is unavailable: {reason}"
     return None
 
 

@@ -6,7 +6,7 @@
 // device (torch.cuda.current_stream(device).cuda_stream), passed from Python so
 // that this file needs only CPU-side ATen headers (torch's CUDA headers and
 // libraries are not needed to build it). Each entry point checks its tensors
-// (csrc/binding.h, plus the CUDA kernels' limits from csrc/constants.h),
+// (csrc/binding.h, plus the CUDA kernels' limits from kernels/constants.h),
 // allocates its output through torch's allocator, makes the tensors' device
 // current for the call, enqueues on `stream` with the GIL released and turns a
 // launch error into RuntimeError naming the op.

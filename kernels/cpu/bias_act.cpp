@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cpu/common.h"
+#include "cpu/kernels.h"
 
 namespace bertfast {
 namespace cpu {

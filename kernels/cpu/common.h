@@ -1,5 +1,7 @@
 // Shared helpers of the CPU kernels: storage dtypes (fp32, fp16, bf16) with fp32
-// math, vectorisable exp / GELU, OpenMP helpers.
+// math, vectorisable exp / GELU, OpenMP helpers. Internal to kernels/cpu/ (it turns
+// trapping math off for the file that includes it): the kernels' entry points are
+// declared in kernels/cpu/kernels.h, which is what the bindings include.
 //
 // Everything here is written as plain scalar C++ that GCC/Clang vectorise at -O3
 // with AVX2/FMA (no intrinsics, no std::erf/std::exp calls in hot loops: those do
@@ -62,7 +64,7 @@ namespace cpu {
 
 // ------------------------------------------------------------------ dtypes
 // Storage dtype codes (DType) and activation codes (Activation) come from
-// csrc/constants.h, shared with the CUDA kernels and exported to Python.
+// kernels/constants.h, shared with the CUDA kernels and exported to Python.
 
 struct bf16 {
   uint16_t bits;
@@ -301,53 +303,6 @@ BF_INLINE float gelu_tanh(float x) {
 
 // NaN propagates (as in torch), -0 stays -0.
 BF_INLINE float relu(float x) { return x < 0.0f ? 0.0f : x; }
-
-// ------------------------------------------------------------------ kernels
-// Declared here, defined one per file in kernels/cpu/, bound in csrc/cpu_ops.cpp,
-// which has checked every tensor's device, dtype, contiguity and sizes against the
-// sizes passed here. All pointers are raw, contiguous, row-major; `dtype` is a
-// DType code; `num_threads` is torch.get_num_threads() of the caller.
-
-// layernorm.cpp
-void embed_layernorm(int dtype, void* out, const int64_t* input_ids, const int64_t* position_ids,
-                     const int64_t* token_type_ids, const void* word, int64_t vocab,
-                     const void* pos, int64_t num_pos, const void* types, int64_t num_types,
-                     const void* weight, const void* bias, int64_t tokens, int64_t width, float eps,
-                     int num_threads);
-void add_layernorm(int dtype, void* out, const void* x, const void* residual, const void* bias,
-                   const void* weight, const void* ln_bias, int64_t rows, int64_t hidden, float eps,
-                   int num_threads);
-
-// bias_act.cpp
-void bias_act(int dtype, void* out, const void* x, const void* bias, int64_t rows, int64_t cols,
-              int activation, int num_threads);
-
-// attention.cpp
-void attention_padded(int dtype, void* out, const void* qkv, const uint8_t* mask, int64_t batch,
-                      int64_t seqlen, int64_t num_heads, int64_t hidden, float scale,
-                      int num_threads);
-void attention_varlen(int dtype, void* out, const void* qkv, const int32_t* cu_seqlens,
-                      int64_t batch, int64_t tokens, int64_t num_heads, int64_t hidden, float scale,
-                      int num_threads);
-
-// gemm.cpp (fp32): out[M, N] = act(x[M, K] @ weight[N, K]^T + bias); activation
-// kNoActivation = none. linear_pack packs [ceil(N / NR), K, NR] floats, NR =
-// linear_panel_width; linear_packed reads panels of any multiple of NR (panel_width:
-// also oneDNN's 64-wide fp32 weight blocks, bertfast/ops/cpu_weights.py).
-int linear_panel_width(bool allow_avx512);
-void linear_pack(void* packed, const void* weight, int64_t N, int64_t K, bool allow_avx512,
-                 int num_threads);
-void linear_packed(void* out, const void* x, const void* packed, const void* bias, int64_t M,
-                   int64_t N, int64_t K, int64_t panel_width, int activation, bool allow_avx512,
-                   int num_threads);
-void linear_act(void* out, const void* x, const void* weight, const void* bias, int64_t M,
-                int64_t N, int64_t K, int activation, bool allow_avx512, int num_threads);
-
-// pack.cpp
-void pack_rows(void* out, const void* x, const int64_t* indices, int64_t num_indices,
-               int64_t src_rows, int64_t row_bytes, int num_threads);
-void unpack_rows(void* out, const void* x, const int64_t* indices, int64_t num_indices,
-                 int64_t num_rows, int64_t row_bytes, int num_threads);
 
 // ------------------------------------------------------------------ large outputs
 // A fresh output tensor above glibc's mmap threshold is new mmap memory at every

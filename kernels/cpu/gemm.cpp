@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cpu/common.h"
+#include "cpu/kernels.h"
 
 namespace bertfast {
 namespace cpu {
@@ -114,7 +115,7 @@ BF_INLINE void gemm_tile(const float* BF_RESTRICT x, const float* BF_RESTRICT pa
 // arithmetic. Up to kFewRowsMax rows a thread runs its panels one by one, each in
 // blocks of kFewRows rows (the panel is read from memory by the first block, from L2
 // by the next). Measured on AMD EPYC Zen 4, 2 threads, the GEMMs of a forward in
-// sequence (benchmarks/few_rows_stream.py), ms, this kernel / oneDNN: all-MiniLM-L6-v2
+// sequence (benchmarks/experiments/few_rows_stream.py), ms, this kernel / oneDNN: all-MiniLM-L6-v2
 // 16 rows 1.81 / 2.56 (2.33 before the prefetch), 64 rows 6.52 / 7.17, 128 rows
 // 12.8 / 13.3, 256 rows 25.4 / 25.6, 512 rows 52.9 / 52.0; BERT-base 16 rows 13.5 /
 // 17.6 (17.1 before), 64 rows 50.0 / 52.9 (59.3 on the row-block kernel), 128 rows

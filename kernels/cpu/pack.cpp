@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu/common.h"
+#include "cpu/kernels.h"
 
 namespace bertfast {
 namespace cpu {

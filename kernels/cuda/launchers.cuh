@@ -5,7 +5,7 @@
 // caller sets it), and returns cudaGetLastError() after the launch, or
 // cudaErrorInvalidValue for a configuration it does not support (the binding has
 // checked every tensor's device, dtype, contiguity and sizes against the sizes
-// passed here, and the limits of csrc/constants.h). Pointers are device pointers;
+// passed here, and the limits of kernels/constants.h). Pointers are device pointers;
 // optional ones may be null. All tensors are contiguous.
 #pragma once
 
@@ -18,7 +18,7 @@
 namespace bertfast {
 namespace cuda {
 
-// dtype / activation codes and size limits: csrc/constants.h.
+// dtype / activation codes and size limits: kernels/constants.h.
 
 // out[r] = LN(word[ids[r]] + type[type_ids[r]] + pos[pos_ids[r]]) * weight + bias.
 // ids are int64; a row whose id is out of range is written as NaN.

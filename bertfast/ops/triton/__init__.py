@@ -36,10 +36,14 @@ import os
 import torch
 
 from ..dispatch import Backend
+from ..native import HEADER_CONSTANTS
 
 __all__ = ["BACKEND"]
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The limits and codes shared with the C++ / CUDA kernels come from kernels/constants.h,
+# through its Python restatement (bertfast.ops.native.HEADER_CONSTANTS: no build needed).
+#: The storage dtypes of the native kernels (math in fp32).
+FLOAT_DTYPES = tuple(getattr(torch, name) for name in HEADER_CONSTANTS["dtypes"])
 #: pack/unpack only move rows, so they take ids and masks too.
 PACK_DTYPES = FLOAT_DTYPES + (
     torch.float64,
@@ -50,12 +54,13 @@ PACK_DTYPES = FLOAT_DTYPES + (
     torch.uint8,
     torch.bool,
 )
-#: LayerNorm keeps a whole row in registers.
-MAX_HIDDEN = 16384
-#: Attention head_dim range the tiles are sized for (BLOCK_D = next power of two).
+#: LayerNorm keeps a whole row in registers: the CUDA kernels' limit (kMaxLayerNormWidth).
+MAX_HIDDEN = HEADER_CONSTANTS["max_layernorm_width"]
+#: Attention head_dim range the tiles are sized for (BLOCK_D = next power of two): a
+#: property of these tiles, not a native constant (any head_dim up to it, not a list).
 MAX_HEAD_DIM = 128
-#: Attention launches one program column per sequence on grid axis z.
-MAX_GRID_Z = 65535
+#: Attention launches one program column per sequence on grid axis z (kMaxGridYZ).
+MAX_GRID_Z = HEADER_CONSTANTS["max_grid_yz"]
 
 
 @functools.cache

@@ -15,8 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
-#: Activation codes passed to kernels as the ``ACTIVATION`` constexpr.
-ACTIVATION_CODES = {"gelu": 0, "gelu_tanh": 1, "relu": 2}
+from ..native import HEADER_CONSTANTS
+
+#: Activation codes passed to kernels as the ``ACTIVATION`` constexpr: the native
+#: kernels' codes (kernels/constants.h, code = index), which apply_activation follows.
+ACTIVATION_CODES = {name: code for code, name in enumerate(HEADER_CONSTANTS["activations"])}
 
 LOG2E = 1.4426950408889634
 

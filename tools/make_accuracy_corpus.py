@@ -1,10 +1,12 @@
 # ruff: noqa: E501
-"""Writes ``accuracy_corpus.txt`` and ``accuracy_queries.txt`` next to this file.
+"""Writes ``accuracy_corpus.txt`` and ``accuracy_queries.txt`` into ``bertfast/data/``.
 
 The accuracy contract (``bertfast.bench.accuracy``) compares sentence vectors of
 low-precision variants with bertfast fp32 on the shipped corpus; the files it reads
-are the output of this script, which is kept so the corpus can be regenerated or
-extended: ``python bertfast/data/make_accuracy_corpus.py``.
+are the output of this script, which is kept in the repository (not in the package:
+an install ships the corpus, not its generator) so the corpus can be regenerated or
+extended: ``python tools/make_accuracy_corpus.py`` (tests/test_corpus.py checks that
+the shipped files are its output).
 
 Everything below was written for this corpus. Hand-written sentences make up most
 of it; a seeded generator adds numbers, dates, prices, log lines and code blocks from
@@ -18,7 +20,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+#: where the package's data lives (the repository's bertfast/data, next to tools/)
+DATA = Path(__file__).resolve().parents[1] / "bertfast" / "data"
 
 # ---------------------------------------------------------------- paired sentences
 # (corpus sentence, query that paraphrases it): the retrieval queries.
@@ -974,9 +977,9 @@ def build() -> tuple[list[str], list[str]]:
 
 def main() -> None:
     corpus, queries = build()
-    (HERE / "accuracy_corpus.txt").write_text("\n".join(corpus) + "\n", encoding="utf-8")
-    (HERE / "accuracy_queries.txt").write_text("\n".join(queries) + "\n", encoding="utf-8")
-    print(f"{len(corpus)} corpus lines, {len(queries)} queries -> {HERE}")
+    (DATA / "accuracy_corpus.txt").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    (DATA / "accuracy_queries.txt").write_text("\n".join(queries) + "\n", encoding="utf-8")
+    print(f"{len(corpus)} corpus lines, {len(queries)} queries -> {DATA}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ patches those three out in-process. It prints the load and encode seconds that
 ``bertfast encode`` reports (encode = the chunk loop, which gives texts/s) and the
 medians; the outputs are compared equal. Only ratios within one run mean anything.
 
-    python benchmarks/encode_checks_cost.py [--model FOLDER] [--texts 2000] [--rounds 4]
+    python benchmarks/experiments/encode_checks_cost.py [--model FOLDER] [--texts 2000] [--rounds 4]
 
 Default model: the bundled all-MiniLM-L6-v2; texts: bertfast/data/accuracy_corpus.txt,
 repeated to ``--texts`` lines.
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=4)
     args = ap.parse_args()
-    corpus = Path(__file__).parents[1] / "bertfast" / "data" / "accuracy_corpus.txt"
+    corpus = Path(__file__).resolve().parents[2] / "bertfast" / "data" / "accuracy_corpus.txt"
     lines = corpus.read_text(encoding="utf-8").splitlines()
     texts = (lines * (args.texts // len(lines) + 1))[: args.texts]
     work = Path(tempfile.mkdtemp(prefix="bertfast-encode-cost-"))

@@ -11,7 +11,7 @@ per-node times are its own counters: they can add up to more than its wall time
 them as which kernels it picks and their rough weight, not as a sum to subtract.
 Usage::
 
-    python benchmarks/openvino_profile.py [--model minilm] [--shape 8x128] [--threads 2]
+    python benchmarks/experiments/openvino_profile.py [--model minilm] [--shape 8x128] [--threads 2]
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ oneDNN's blocked layout (what ``from_pretrained`` keeps, ``cpu_weights.PackedWei
 Interleaved round by round in one process, medians; only ratios inside one run mean
 anything on a shared machine. Usage::
 
-    python benchmarks/few_rows_stream.py --model minilm|bert-base [--rows 1,16,64,128]
+    python benchmarks/experiments/few_rows_stream.py --model minilm|bert-base [--rows 1,16,64,128]
 """
 
 from __future__ import annotations

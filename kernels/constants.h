@@ -1,8 +1,11 @@
 // Facts shared by the C++ (CPU) kernels, the CUDA kernels and the Python side,
-// stated once. Plain C++17 (no ATen, no CUDA): kernels/cpu, kernels/cuda and the
-// bindings include it; bertfast._C.constants() exports it to Python
-// (bertfast/ops/native.py reads it there), and tests/ops/test_native_constants.py
-// checks that the Triton kernels agree.
+// stated once. Plain C++17 (no ATen, no CUDA, no project include): the base of the
+// native tree, below kernels/cpu, kernels/cuda and the bindings (csrc/), which all
+// include it; nothing here includes them (tests/test_layering_native.py).
+// bertfast._C.constants() exports it to Python (bertfast/ops/native.py reads it
+// there); native.HEADER_CONSTANTS in that module restates it for the Triton backend,
+// which must work without a native build, and tests/ops/test_native_constants.py
+// checks that mirror against this header and against the build.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 epilogue, per micro-kernel) vs fp32 F.linear and bertfast's fp32 GEMM on the encoder
 shapes of MiniLM (384) and BERT-base (768), at 16 / 128 / 4096 rows.
 
-    python benchmarks/int8_gemm.py [--threads 2] [--stat min|median]
+    python benchmarks/experiments/int8_gemm.py [--threads 2] [--stat min|median]
 
 Prints milliseconds per call (min by default: robust on a shared machine) for each
 micro-kernel this CPU runs (amx, vnni, avx2), and the best int8 / F.linear ratio.

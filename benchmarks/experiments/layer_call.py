@@ -8,7 +8,8 @@ alternating round by round in one process; medians of the rounds' medians, and
 the ratio (only ratios inside one run mean anything on a shared machine). The
 outputs are checked equal first. Usage::
 
-    python benchmarks/layer_call.py [--model minilm|bert-base|FOLDER] [--shapes 1x16,1x128]
+    python benchmarks/experiments/layer_call.py [--model minilm|bert-base|FOLDER] \
+        [--shapes 1x16,1x128]
 """
 
 from __future__ import annotations

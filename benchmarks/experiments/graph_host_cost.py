@@ -25,7 +25,7 @@ of ``sys.meta_path``), in the same run, alternating fresh processes:
 
 Usage::
 
-    python benchmarks/graph_host_cost.py [--shapes 1x16,1x128,8x64r,32x128r] \
+    python benchmarks/experiments/graph_host_cost.py [--shapes 1x16,1x128,8x64r,32x128r] \
         [--rounds 3] [--seconds 1.0] [--out FILE.md]
 
 A shape ``BxS`` has no padding; ``BxSr`` is ragged (rows of S/4 .. S tokens). With
@@ -47,7 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout
 
 TINY = dict(hidden_size=64, num_attention_heads=2, intermediate_size=128)
 BASE = dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072)
@@ -370,7 +370,7 @@ def report(args, runs, markdown_header: bool = False) -> str:
         lines += [
             "# Host work around a CUDA-graph replay",
             "",
-            f"`python benchmarks/graph_host_cost.py {' '.join(sys.argv[1:])}` on "
+            f"`python benchmarks/experiments/graph_host_cost.py {' '.join(sys.argv[1:])}` on "
             f"{platform.machine()} ({os.cpu_count()} CPUs), torch {_torch_version()}, "
             f"1 thread; `base` = HEAD's `bertfast/` (git archive), `new` = the working "
             f"tree, alternating fresh processes, {args.rounds} rounds. See the script's "

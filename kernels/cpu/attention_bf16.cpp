@@ -1,0 +1,419 @@
+// The bf16 micro-kernels of the CPU attention (driver: attention.cpp), for bf16
+// storage on a CPU with AVX512-BF16 (x86-64 only; elsewhere this file is empty):
+// Q K^T and P V on AMX tiles (tdpbf16ps, where the CPU has amx_bf16 and Linux grants
+// the tile state) or else vdpbf16ps: bf16 products, exact in fp32, summed in fp32;
+// the operands kept in bf16 in scratch, laid out in pairs along the reduction
+// dimension as both instructions read them. The scale is applied to the fp32
+// scores, the softmax statistics (max, sum) are fp32, and P is rounded to bf16
+// (round to nearest even, relative error <= 2^-9) before P V; the row sum l is
+// taken over the rounded P, so the weights applied to V sum to 1 in fp32.
+//
+// A task's real keys are selected as in the fp32-math path (attention_fp32.cpp):
+// masked keys are left out, padded query rows written as zeros.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cpu/attention_internal.h"
+#include "cpu/common.h"
+
+#ifdef BF_X86
+#include <cpuid.h>
+#include <immintrin.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define BF_AMX_LINUX 1
+#endif
+
+namespace bertfast {
+namespace cpu {
+namespace attn {
+namespace {
+
+// vdpbf16ps: acc[i] += a[2i] * b[2i] + a[2i+1] * b[2i+1] (16 fp32 lanes, bf16 pairs).
+// Layouts, in 32-bit words each holding a bf16 pair along the reduction dimension
+// (dp = ceil(d / 2) pairs of head dims; an odd head_dim is padded with a zero):
+//   q2 [ROWS][dp]                       (q[2p], q[2p + 1])
+//   kt2 [key blocks][dp][BLOCK_N]       (k[j][2p], k[j][2p + 1])  one key per word
+//   v2 [key pairs][dpad]                (v[2i][dd], v[2i + 1][dd])
+//   p16 [ROWS][BLOCK_N] bf16, read as words (p[2i], p[2i + 1])
+// so each micro-kernel step broadcasts one word of Q (or P) per row against 16 words
+// of K (or V). Keys past the real ones are zero in kt2 / v2 and get p = 0.
+#define BF_BF16_TARGET __attribute__((target("arch=x86-64-v4,avx512bf16,prefer-vector-width=512")))
+
+// pb = p rounded to bf16 (nearest even; NaN stays NaN), BLOCK_N of them; returns the
+// sum of the rounded values.
+BF_BF16_TARGET BF_INLINE float round_bf16_sum(const float* BF_RESTRICT p,
+                                              uint16_t* BF_RESTRICT pb) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < BLOCK_N; j += 32) {
+    const __m512i r =
+        (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + j + 16), _mm512_loadu_ps(p + j));
+    _mm512_storeu_si512(pb + j, r);
+    // back to fp32: a bf16 is the high half of its float
+    acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)));
+    acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(-65536))));
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+
+// Transposes 16 keys x 16 words (pairs of head dims) into 16 rows of 16 keys:
+// dst[p * BLOCK_N + i] = word p of key row i, for p < np (rows[i] == null: zeros;
+// words at or past nwords: zeros). 32-bit 16 x 16 transpose in four shuffle stages.
+BF_BF16_TARGET BF_INLINE void transpose_keys16(const uint16_t* const* rows, int64_t w0,
+                                               int64_t nwords, int64_t np, uint32_t* dst) {
+  const __mmask16 m = w0 + 16 <= nwords ? __mmask16(0xffff)
+                      : w0 < nwords     ? __mmask16((1u << (nwords - w0)) - 1)
+                                        : __mmask16(0);
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i)
+    r[i] = rows[i] ? _mm512_maskz_loadu_epi32(m, rows[i] + 2 * w0) : _mm512_setzero_si512();
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: a0 b0 a1 b1 | a2 b2 a3 b3
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // r[4i + k], lane L: column 4L + k of rows 4i..4i+3
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {  // 4 x 4 transpose of 128-bit lanes
+    const __m512i x0 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x44);
+    const __m512i x1 = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xEE);
+    const __m512i x2 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x44);
+    const __m512i x3 = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xEE);
+    t[k] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+    t[4 + k] = _mm512_shuffle_i32x4(x0, x2, 0xDD);
+    t[8 + k] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+    t[12 + k] = _mm512_shuffle_i32x4(x1, x3, 0xDD);
+  }
+  for (int p = 0; p < 16 && p < np; ++p) _mm512_storeu_si512(dst + p * BLOCK_N, t[p]);
+}
+
+BF_INLINE uint32_t load_u32(const uint16_t* p) {
+  uint32_t w;
+  std::memcpy(&w, p, sizeof(w));
+  return w;
+}
+
+constexpr int BF16_ROWS = 8;  // query rows per micro-tile: 8 x 2 zmm accumulators
+
+BF_BF16_TARGET BF_INLINE __m512 dot_bf16(__m512 acc, __m512i a, __m512i b) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+}
+
+// s[r][j] = scale * sum_p q2[r][p] . kt2[p][j] for r < ROWS, j < nkeys rounded up to 32.
+template <int ROWS>
+BF_BF16_TARGET BF_INLINE void score_tile_bf16(const uint32_t* BF_RESTRICT q2,
+                                              const uint32_t* BF_RESTRICT kt2, int64_t dp,
+                                              int64_t nkeys, float scale, float* BF_RESTRICT s) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t jc = 0; jc < nkeys; jc += 32) {
+    __m512 acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const uint32_t* BF_RESTRICT k = kt2 + jc;
+    for (int64_t p = 0; p < dp; ++p, k += BLOCK_N) {
+      const __m512i k0 = _mm512_loadu_si512(k);
+      const __m512i k1 = _mm512_loadu_si512(k + 16);
+      for (int r = 0; r < ROWS; ++r) {
+        const __m512i qv = _mm512_set1_epi32(static_cast<int>(q2[r * dp + p]));
+        acc[r][0] = dot_bf16(acc[r][0], qv, k0);
+        acc[r][1] = dot_bf16(acc[r][1], qv, k1);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      _mm512_storeu_ps(s + r * BLOCK_N + jc, _mm512_mul_ps(acc[r][0], vscale));
+      _mm512_storeu_ps(s + r * BLOCK_N + jc + 16, _mm512_mul_ps(acc[r][1], vscale));
+    }
+  }
+}
+
+// o[r][dd] = o[r][dd] * alpha[r] + sum_i p[r][2i..2i+1] . v2[i][dd] for key pairs i < npairs.
+template <int ROWS>
+BF_BF16_TARGET BF_INLINE void pv_tile_bf16(const uint16_t* BF_RESTRICT p16,
+                                           const uint32_t* BF_RESTRICT v2, int64_t dpad,
+                                           int64_t npairs, const float* BF_RESTRICT alpha,
+                                           float* BF_RESTRICT o) {
+  for (int64_t dc = 0; dc < dpad; dc += 32) {
+    __m512 acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512 a = _mm512_set1_ps(alpha[r]);
+      acc[r][0] = _mm512_mul_ps(_mm512_loadu_ps(o + r * dpad + dc), a);
+      acc[r][1] = _mm512_mul_ps(_mm512_loadu_ps(o + r * dpad + dc + 16), a);
+    }
+    const uint32_t* BF_RESTRICT vr = v2 + dc;
+    for (int64_t i = 0; i < npairs; ++i, vr += dpad) {
+      const __m512i v0 = _mm512_loadu_si512(vr);
+      const __m512i v1 = _mm512_loadu_si512(vr + 16);
+      for (int r = 0; r < ROWS; ++r) {
+        const __m512i pv = _mm512_set1_epi32(static_cast<int>(load_u32(p16 + r * BLOCK_N + 2 * i)));
+        acc[r][0] = dot_bf16(acc[r][0], pv, v0);
+        acc[r][1] = dot_bf16(acc[r][1], pv, v1);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      _mm512_storeu_ps(o + r * dpad + dc, acc[r][0]);
+      _mm512_storeu_ps(o + r * dpad + dc + 16, acc[r][1]);
+    }
+  }
+}
+
+// ---- AMX (amx_bf16): the same layouts feed tile loads. A tile holds 16 rows of 64
+// bytes; tdpbf16ps C[16][16] += A[16][32 bf16] . B[16 pairs][16 x 2 bf16]:
+//   scores: A = 16 query rows x 32 head dims of q2, B = 16 pairs of head dims x 16 keys
+//           of kt2 (the head dims padded to 32 with zeros), C = 16 x 16 scores;
+//   P V:    A = 16 rows x 32 keys of P, B = 16 key pairs x 16 head dims of v2,
+//           C = 16 x 16 of this block's P V, added to o * alpha after (a tile cannot be
+//           rescaled in place).
+// Tiles: 0, 1 accumulators, 2 A, 3 and 4 B. Linux hands out the tile state only on
+// request (arch_prctl ARCH_REQ_XCOMP_PERM), once per process.
+#define BF_AMX_TARGET \
+  __attribute__((target("arch=x86-64-v4,avx512bf16,amx-tile,amx-bf16,prefer-vector-width=512")))
+
+struct TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+BF_AMX_TARGET __attribute__((noinline)) void amx_begin() {
+  TileConfig cfg = {};
+  cfg.palette = 1;
+  for (int t = 0; t < 5; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  // ldtilecfg by hand: GCC 12's _tile_loadconfig names only 8 bytes of the config as
+  // read, so the stores of the rest are dropped as dead.
+  asm volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+BF_AMX_TARGET __attribute__((noinline)) void amx_end() { _tile_release(); }
+
+// s[16][j] = scale * q2 . kt2 for keys j < nkeys rounded up to 32; dq = head dims
+// padded to 32 (q2 rows are dq / 2 words, kt2 has dq / 2 rows of BLOCK_N words).
+BF_AMX_TARGET __attribute__((noinline)) void amx_scores(const uint32_t* q2, const uint32_t* kt2,
+                                                        int64_t dq, int64_t nkeys, float scale,
+                                                        float* s) {
+  for (int64_t jc = 0; jc < nkeys; jc += 32) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t c = 0; c < dq; c += 32) {
+      _tile_loadd(2, q2 + c / 2, dq * 2);
+      _tile_loadd(3, kt2 + (c / 2) * BLOCK_N + jc, BLOCK_N * 4);
+      _tile_loadd(4, kt2 + (c / 2) * BLOCK_N + jc + 16, BLOCK_N * 4);
+      _tile_dpbf16ps(0, 2, 3);
+      _tile_dpbf16ps(1, 2, 4);
+    }
+    _tile_stored(0, s + jc, BLOCK_N * 4);
+    _tile_stored(1, s + jc + 16, BLOCK_N * 4);
+  }
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int r = 0; r < 16; ++r)
+    for (int64_t j = 0; j < nkeys; j += 16)
+      _mm512_storeu_ps(s + r * BLOCK_N + j,
+                       _mm512_mul_ps(_mm512_loadu_ps(s + r * BLOCK_N + j), vscale));
+}
+
+// o[16][dd] = o * alpha + p16 . v2 over keys < nkeys rounded up to 32 (P is 0 and v2
+// zero past the real keys); pv is [16][dpad] fp32 scratch.
+BF_AMX_TARGET __attribute__((noinline)) void amx_pv(const uint16_t* p16, const uint32_t* v2,
+                                                    int64_t dpad, int64_t nkeys, const float* alpha,
+                                                    float* pv, float* o) {
+  for (int64_t dc = 0; dc < dpad; dc += 32) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t kc = 0; kc < nkeys; kc += 32) {
+      _tile_loadd(2, p16 + kc, BLOCK_N * 2);
+      _tile_loadd(3, v2 + (kc / 2) * dpad + dc, dpad * 4);
+      _tile_loadd(4, v2 + (kc / 2) * dpad + dc + 16, dpad * 4);
+      _tile_dpbf16ps(0, 2, 3);
+      _tile_dpbf16ps(1, 2, 4);
+    }
+    _tile_stored(0, pv + dc, dpad * 4);
+    _tile_stored(1, pv + dc + 16, dpad * 4);
+  }
+  for (int r = 0; r < 16; ++r) {
+    const __m512 a = _mm512_set1_ps(alpha[r]);
+    for (int64_t dd = 0; dd < dpad; dd += 16)
+      _mm512_storeu_ps(o + r * dpad + dd, _mm512_fmadd_ps(_mm512_loadu_ps(o + r * dpad + dd), a,
+                                                          _mm512_loadu_ps(pv + r * dpad + dd)));
+  }
+}
+
+// One task of the bf16 path (bf16 storage, AVX512-BF16, with AMX tiles when kAmx):
+// as attention_task.
+template <int ROWS, bool kAmx>
+BF_BF16_TARGET BF_INLINE void bf16_task(bf16* out, const bf16* qkv, const Sequence& sq, int64_t h,
+                                        int64_t q0, int64_t num_heads, int64_t hidden, float scale,
+                                        Scratch& sc) {
+  const int64_t d = hidden / num_heads;
+  const int64_t dpad = (d + 31) / 32 * 32;
+  const int64_t dp = kAmx ? dpad / 2 : (d + 1) / 2;  // words per Q row / K column
+  const int64_t ld = 3 * hidden;
+  const uint16_t* base = reinterpret_cast<const uint16_t*>(qkv) + sq.token0 * ld;
+  bf16* obase = out + sq.token0 * hidden + h * d;
+
+  if (!select_rows(sq, q0, obase, hidden, d, sc)) return;
+  const std::vector<int64_t>& keys = sc.keys;
+  const std::vector<int64_t>& qrows = sc.qrows;
+  const int64_t nk = static_cast<int64_t>(keys.size());
+
+  const int64_t nkp = (nk + BLOCK_N - 1) / BLOCK_N * BLOCK_N;
+  if (static_cast<int64_t>(sc.kt2.size()) < dp * nkp) sc.kt2.resize(dp * nkp);
+  if (static_cast<int64_t>(sc.v2.size()) < nkp / 2 * dpad) sc.v2.resize(nkp / 2 * dpad);
+  if (static_cast<int64_t>(sc.q2.size()) < ROWS * dp) sc.q2.resize(ROWS * dp);
+  if (static_cast<int64_t>(sc.p16.size()) < ROWS * BLOCK_N) sc.p16.resize(ROWS * BLOCK_N);
+  if (static_cast<int64_t>(sc.obuf.size()) < ROWS * dpad) sc.obuf.resize(ROWS * dpad);
+  if (static_cast<int64_t>(sc.sbuf.size()) < ROWS * BLOCK_N) sc.sbuf.resize(ROWS * BLOCK_N);
+  if (kAmx && static_cast<int64_t>(sc.pvbuf.size()) < ROWS * dpad) sc.pvbuf.resize(ROWS * dpad);
+  uint32_t* BF_RESTRICT kt2 = sc.kt2.data();
+  uint32_t* BF_RESTRICT v2 = sc.v2.data();
+
+  // K: word (p, j) of block kb = the pair (k[j][2p], k[j][2p + 1]): the key rows'
+  // words transposed, 16 keys x 16 words at a time (an odd head_dim word by word).
+  if (d % 2 == 0) {
+    const uint16_t* rows[16];
+    for (int64_t j0 = 0; j0 < nkp; j0 += 16) {
+      for (int i = 0; i < 16; ++i)
+        rows[i] = j0 + i < nk ? base + keys[j0 + i] * ld + hidden + h * d : nullptr;
+      uint32_t* blk = kt2 + (j0 / BLOCK_N) * dp * BLOCK_N + (j0 % BLOCK_N);
+      for (int64_t w0 = 0; w0 < dp; w0 += 16)
+        transpose_keys16(rows, w0, d / 2, dp - w0, blk + w0 * BLOCK_N);
+    }
+  } else {
+    for (int64_t jj = 0; jj < nkp; ++jj) {
+      uint32_t* BF_RESTRICT kcol = kt2 + (jj / BLOCK_N) * dp * BLOCK_N + (jj % BLOCK_N);
+      if (jj < nk) {
+        const uint16_t* krow = base + keys[jj] * ld + hidden + h * d;
+        for (int64_t p = 0; p < d / 2; ++p) kcol[p * BLOCK_N] = load_u32(krow + 2 * p);
+        kcol[(d / 2) * BLOCK_N] = krow[d - 1];
+        for (int64_t p = (d + 1) / 2; p < dp; ++p) kcol[p * BLOCK_N] = 0;
+      } else {
+        for (int64_t p = 0; p < dp; ++p) kcol[p * BLOCK_N] = 0;
+      }
+    }
+  }
+  // V: word (i, dd) = the pair (v[2i][dd], v[2i + 1][dd]): two key rows interleaved,
+  // 32 head dims per step (a missing second key, or head dims past d, read as zero).
+  const __m512i lo_idx =
+      _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+  for (int64_t i = 0; i < nkp / 2; ++i) {
+    uint32_t* BF_RESTRICT vr = v2 + i * dpad;
+    const uint16_t* va = 2 * i < nk ? base + keys[2 * i] * ld + 2 * hidden + h * d : nullptr;
+    const uint16_t* vb =
+        2 * i + 1 < nk ? base + keys[2 * i + 1] * ld + 2 * hidden + h * d : nullptr;
+    for (int64_t dc = 0; dc < dpad; dc += 32) {
+      const __mmask32 m = dc + 32 <= d ? ~__mmask32(0)
+                          : dc < d     ? (__mmask32(1) << (d - dc)) - 1
+                                       : 0;
+      const __m512i a = va ? _mm512_maskz_loadu_epi16(m, va + dc) : _mm512_setzero_si512();
+      const __m512i b = vb ? _mm512_maskz_loadu_epi16(m, vb + dc) : _mm512_setzero_si512();
+      _mm512_storeu_si512(vr + dc, _mm512_permutex2var_epi16(a, lo_idx, b));
+      _mm512_storeu_si512(vr + dc + 16, _mm512_permutex2var_epi16(a, hi_idx, b));
+    }
+  }
+
+  float m[ROWS], l[ROWS], alphas[ROWS];
+  const int64_t nq = static_cast<int64_t>(qrows.size());
+  for (int64_t g = 0; g < nq; g += ROWS) {
+    const int nr = static_cast<int>(std::min<int64_t>(ROWS, nq - g));
+    uint32_t* BF_RESTRICT q2 = sc.q2.data();
+    uint16_t* BF_RESTRICT p16 = sc.p16.data();
+    float* BF_RESTRICT op = sc.obuf.data();
+    float* BF_RESTRICT sp = sc.sbuf.data();
+    std::fill(q2, q2 + ROWS * dp, 0u);
+    std::fill(op, op + ROWS * dpad, 0.0f);
+    for (int r = 0; r < nr; ++r) {
+      const uint16_t* qrow = base + qrows[g + r] * ld + h * d;
+      for (int64_t p = 0; p < d / 2; ++p) q2[r * dp + p] = load_u32(qrow + 2 * p);
+      if (d & 1) q2[r * dp + d / 2] = qrow[d - 1];
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      m[r] = -std::numeric_limits<float>::infinity();
+      l[r] = 0.0f;
+    }
+    for (int64_t kb = 0; kb < nkp; kb += BLOCK_N) {
+      const int64_t valid = std::min<int64_t>(BLOCK_N, nk - kb);
+      if constexpr (kAmx) {
+        amx_scores(q2, kt2 + kb * dp, dpad, valid, scale, sp);
+      } else {
+        score_tile_bf16<ROWS>(q2, kt2 + kb * dp, dp, valid, scale, sp);
+      }
+      for (int r = 0; r < ROWS; ++r) {
+        float* BF_RESTRICT sr = sp + r * BLOCK_N;
+        for (int64_t j = valid; j < BLOCK_N; ++j) sr[j] = -std::numeric_limits<float>::infinity();
+        alphas[r] = softmax_step<false>(sr, m[r], l[r]);
+        l[r] = l[r] * alphas[r] + round_bf16_sum(sr, p16 + r * BLOCK_N);
+      }
+      if constexpr (kAmx) {
+        amx_pv(p16, v2 + kb / 2 * dpad, dpad, valid, alphas, sc.pvbuf.data(), op);
+      } else {
+        pv_tile_bf16<ROWS>(p16, v2 + kb / 2 * dpad, dpad, (valid + 1) / 2, alphas, op);
+      }
+    }
+    for (int r = 0; r < nr; ++r) {
+      const float inv = l[r] == 0.0f ? 1.0f : 1.0f / l[r];  // l == 0: all scores -inf
+      bf16* o = obase + qrows[g + r] * hidden;
+      const float* BF_RESTRICT orow = op + r * dpad;
+      for (int64_t dd = 0; dd < d; ++dd) o[dd] = from_f32<bf16>(orow[dd] * inv);
+    }
+  }
+}
+
+BF_BF16_TARGET __attribute__((noinline)) void task_avx512_bf16(bf16* out, const bf16* qkv,
+                                                               const Sequence& sq, int64_t h,
+                                                               int64_t q0, int64_t num_heads,
+                                                               int64_t hidden, float scale,
+                                                               Scratch& sc) {
+  bf16_task<BF16_ROWS, false>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+}
+
+BF_BF16_TARGET __attribute__((noinline)) void task_amx_bf16(bf16* out, const bf16* qkv,
+                                                            const Sequence& sq, int64_t h,
+                                                            int64_t q0, int64_t num_heads,
+                                                            int64_t hidden, float scale,
+                                                            Scratch& sc) {
+  amx_begin();
+  bf16_task<16, true>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+  amx_end();
+}
+
+}  // namespace
+
+void run_bf16_task(bool amx, bf16* out, const bf16* qkv, const Sequence& sq, int64_t h, int64_t q0,
+                   int64_t num_heads, int64_t hidden, float scale, Scratch& sc) {
+  if (amx) {
+    task_amx_bf16(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+  } else {
+    task_avx512_bf16(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
+  }
+}
+
+// Declared (with its contract) in attention_internal.h.
+bool amx_available() {
+#if defined(BF_AMX_LINUX)
+  static const bool ok = [] {
+    unsigned a, b, c, dx;
+    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    __cpuid_count(7, 0, a, b, c, dx);
+    const bool tile = (dx >> 24) & 1, amx_bf16 = (dx >> 22) & 1;
+    if (!tile || !amx_bf16 || !__builtin_cpu_supports("avx512bf16")) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+}  // namespace attn
+}  // namespace cpu
+}  // namespace bertfast
+#endif  // BF_X86
