@@ -179,11 +179,19 @@ attention = _padded_attention("attention")
 attention_varlen = _varlen_attention("attention_varlen")
 
 
-def _attention_limits(head_dim: int, num_heads: int, batch: int, seqlen: int) -> str | None:
-    if head_dim not in ATTENTION_HEAD_DIMS:
+def _attention_limits(
+    head_dim: int,
+    num_heads: int,
+    batch: int,
+    seqlen: int,
+    head_dims=ATTENTION_HEAD_DIMS,
+    kernel: str = "compiled",
+) -> str | None:
+    """Why an attention kernel with ``head_dims`` cannot take these sizes (None: it can)."""
+    if head_dim not in head_dims:
         return (
-            f"head_dim {head_dim} is not one of the compiled head dims "
-            f"{', '.join(map(str, ATTENTION_HEAD_DIMS))}"
+            f"head_dim {head_dim} is not one of the {kernel} head dims "
+            f"{', '.join(map(str, head_dims))}"
         )
     if num_heads > MAX_GRID_YZ:
         return f"num_heads {num_heads} > {MAX_GRID_YZ}"
@@ -249,18 +257,11 @@ def _flash_limits(qkv: Tensor, num_heads: int, batch: int, seqlen: int) -> str |
         )
     if getattr(_kernels, "flash_attention", None) is None:  # an extension built before it
         return "this build of bertfast._C has no flash attention kernel (rebuild it)"
-    head_dim = hidden // num_heads
-    if head_dim not in FLASH_ATTENTION_HEAD_DIMS:
-        return (
-            f"head_dim {head_dim} is not one of the flash kernel's head dims "
-            f"{', '.join(map(str, FLASH_ATTENTION_HEAD_DIMS))}"
-        )
-    if num_heads > MAX_GRID_YZ:
-        return f"num_heads {num_heads} > {MAX_GRID_YZ}"
-    if batch > MAX_GRID_YZ:
-        return f"batch {batch} > {MAX_GRID_YZ} sequences"
-    if seqlen > MAX_CUDA_SEQLEN:
-        return f"sequence length {seqlen} > {MAX_CUDA_SEQLEN}"
+    reason = _attention_limits(
+        hidden // num_heads, num_heads, batch, seqlen, FLASH_ATTENTION_HEAD_DIMS, "flash kernel's"
+    )
+    if reason:
+        return reason
     tokens = qkv.numel() // qkv.shape[-1] if qkv.shape[-1] else 0
     if tokens > MAX_CUDA_ROWS:
         return f"{tokens} tokens > {MAX_CUDA_ROWS}"

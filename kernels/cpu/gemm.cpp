@@ -45,6 +45,29 @@ BF_INLINE V load_v(const float* p) {
   return v;
 }
 
+// One k step of an MR x (VL * NV) register tile: acc[r] += a[r][k] * b[0 .. VL * NV).
+template <typename V, int VL, int MR, int NV>
+BF_INLINE void fma_step(V (&acc)[MR][NV], const float* const* a, int64_t k,
+                        const float* BF_RESTRICT b) {
+  V bv[NV];
+  for (int v = 0; v < NV; ++v) bv[v] = load_v<V>(b + v * VL);
+  for (int r = 0; r < MR; ++r) {
+    const float av = a[r][k];
+    for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
+  }
+}
+
+// A K chunk's register sums added into the tile's totals (rows of VL * NV floats).
+template <typename V, int VL, int MR, int NV>
+BF_INLINE void add_chunk(float* BF_RESTRICT total, const V (&acc)[MR][NV]) {
+  constexpr int NR = VL * NV;
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) {
+      V t = load_v<V>(total + r * NR + v * VL) + acc[r][v];
+      std::memcpy(total + r * NR + v * VL, &t, sizeof(V));
+    }
+}
+
 // One tile: rows [mb * MB, min(M, (mb + 1) * MB)) x the NR columns [p * NR, p * NR + NR).
 // The weight is stored in panels of PW >= NR columns ([N / PW][K][PW], PW a multiple
 // of NR): the tile reads NR of them, PW apart per k.
@@ -70,19 +93,8 @@ BF_INLINE void gemm_tile(const float* BF_RESTRICT x, const float* BF_RESTRICT pa
       V acc[MR][NV];
       for (int r = 0; r < MR; ++r)
         for (int v = 0; v < NV; ++v) acc[r][v] = V{};
-      for (int64_t k = k0; k < k1; ++k, b += PW) {
-        V bv[NV];
-        for (int v = 0; v < NV; ++v) bv[v] = load_v<V>(b + v * VL);
-        for (int r = 0; r < MR; ++r) {
-          const float av = a[r][k];
-          for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
-        }
-      }
-      for (int r = 0; r < MR; ++r)
-        for (int v = 0; v < NV; ++v) {
-          V t = load_v<V>(&total[r][v * VL]) + acc[r][v];
-          std::memcpy(&total[r][v * VL], &t, sizeof(V));
-        }
+      for (int64_t k = k0; k < k1; ++k, b += PW) fma_step<V, VL, MR, NV>(acc, a, k, b);
+      add_chunk<V, VL, MR, NV>(&total[0][0], acc);
     }
     // Epilogue: bias + activation, written for the valid rows / columns only.
     for (int r = 0; r < rows; ++r) {
@@ -154,18 +166,9 @@ BF_INLINE void gemm_tile_few_rows(const float* BF_RESTRICT x, const float* BF_RE
         for (int64_t l = line; l < line + per_iter && l < kChunkLines; ++l)
           __builtin_prefetch(reinterpret_cast<const void*>(next + l * 64), /*rw=*/0,
                              /*locality=*/2);
-        V bv[NV];
-        for (int v = 0; v < NV; ++v) bv[v] = load_v<V>(b + v * VL);
-        for (int r = 0; r < MR; ++r) {
-          const float av = a[r][k];
-          for (int v = 0; v < NV; ++v) acc[r][v] += av * bv[v];
-        }
+        fma_step<V, VL, MR, NV>(acc, a, k, b);
       }
-      for (int r = 0; r < MR; ++r)
-        for (int v = 0; v < NV; ++v) {
-          V t = load_v<V>(&total[i0 + r][v * VL]) + acc[r][v];
-          std::memcpy(&total[i0 + r][v * VL], &t, sizeof(V));
-        }
+      add_chunk<V, VL, MR, NV>(&total[i0][0], acc);
     }
   }
   for (int64_t r = 0; r < M; ++r) {
