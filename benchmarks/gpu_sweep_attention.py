@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import torch
 
+from bertfast.bench import sweep
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 OPS = ("attention", "attention_varlen")
@@ -200,15 +202,13 @@ def sync(device) -> None:
 
 def measure(case, candidate, args, gold, same, device, dispatch, timing, dry) -> dict:
     """One candidate on one case: parity on its first call, then timed launches."""
-    from bertfast.bench.sweep import parity_text, time_launches
-
     fn = dispatch.implementation(candidate)
     call = lambda: fn(*args)  # noqa: E731
     t0 = time.perf_counter()
     out = call()
     sync(device)
     first = time.perf_counter() - t0
-    result, err, bound = parity_text(case.op, out, gold, same, case.dtype)
+    result, err, bound = sweep.parity_text(case.op, out, gold, same, case.dtype)
     del out
     t0 = time.perf_counter()
     call()
@@ -218,16 +218,12 @@ def measure(case, candidate, args, gold, same, device, dispatch, timing, dry) ->
         launches, rounds, warmup = 1, 3, 1
     else:  # about 10 ms of launches per round, 3..20 of them
         launches, rounds, warmup = int(min(20, max(3, 0.01 / max(one, 1e-6)))), 7, 2
-    stats = time_launches(
+    stats = sweep.time_launches(
         call, device, warmup=warmup, launches=launches, rounds=rounds, budget_s=timing
     )
     median = stats.median
     return {
-        "median_ms": median,
-        "iqr_ms": stats.iqr,
-        "min_ms": stats.min,
-        "launches": launches,
-        "rounds": len(stats.times),
+        **sweep.timing_fields(stats, launches),
         "first_call_s": round(first, 4),
         "parity": result,
         "parity_err": err,
@@ -236,7 +232,7 @@ def measure(case, candidate, args, gold, same, device, dispatch, timing, dry) ->
     }
 
 
-def base_row(case: Case, candidate, bucket_key, args, facts, rank) -> dict:
+def base_row(case: Case, candidate, bucket, facts, rank) -> dict:
     p = case.point
     return {
         "stage": STAGE,
@@ -256,7 +252,7 @@ def base_row(case: Case, candidate, bucket_key, args, facts, rank) -> dict:
             "head_dim": case.head_dim,
             "hidden": case.hidden,
         },
-        "bucket": bucket_key(case.op, args),
+        "bucket": bucket,
         "candidate": candidate.label,
         "backend": candidate.backend,
         "variant": candidate.variant,
@@ -270,12 +266,10 @@ def base_row(case: Case, candidate, bucket_key, args, facts, rank) -> dict:
 
 # ---------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description="Time and check every attention candidate (stage (b) of gpu_check.sh)."
+    p = sweep.sweep_parser(
+        "Time and check every attention candidate (stage (b) of gpu_check.sh).",
+        timing_help="timing budget per row (0.3; 0.05 dry)",
     )
-    p.add_argument("--out", required=True, help="JSON-lines file the rows are appended to")
-    p.add_argument("--budget-s", type=float, default=480.0, help="no row starts after this")
-    p.add_argument("--device", default=None, help="default: cuda (cpu with --dry-run)")
     p.add_argument(
         "--dtypes",
         default=None,
@@ -284,10 +278,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--models", default=None, help="bert-base,bert-large (tiny in a dry run)")
     p.add_argument("--ops", default=",".join(OPS))
-    p.add_argument(
-        "--timing-s", type=float, default=None, help="timing budget per row (0.3; 0.05 dry)"
-    )
-    p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: checks the script")
     return p
 
 
@@ -295,29 +285,20 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     t_start = time.perf_counter()
     dry = args.dry_run
-    device = torch.device(args.device or ("cpu" if dry else "cuda"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("gpu_sweep_attention: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
+    device = sweep.sweep_device(args.device, dry, "gpu_sweep_attention")
+    if device is None:
         return 3
-    from bertfast.bench.sweep import append_row, context_lost, device_facts, plan_candidates
     from bertfast.ops import dispatch, reference
-    from bertfast.ops.winners import bucket_key
 
     names = args.dtypes or ("float16,float32" if dry else "float16,bfloat16")
-    dtypes = [getattr(torch, d.strip()) for d in names.split(",") if d.strip()]
-    models = args.models or ",".join(DRY_MODELS if dry else MODELS)
-    models = [m.strip() for m in models.split(",") if m.strip()]
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    dtypes = [getattr(torch, d) for d in sweep.split_names(names)]
+    models = sweep.split_names(args.models or ",".join(DRY_MODELS if dry else MODELS))
+    ops = sweep.split_names(args.ops)
     timing = args.timing_s if args.timing_s is not None else (0.05 if dry else 0.3)
-    facts = device_facts(device)
+    facts = sweep.device_facts(device)
     all_cases = [c for c in cases(dry, models, dtypes) if c.op in ops]
 
-    planned = plan_candidates(all_cases, device)
-    compiled: set = set()
-    estimates = [
-        [estimate_row(c, cand, device.type, compiled, timing) for cand in cands]
-        for c, cands in planned
-    ]
+    planned, estimates = sweep.plan_sweep(all_cases, device, estimate_row, timing)
     n_rows = sum(len(c) for _, c in planned)
     total = sum(sum(e) for e in estimates)
     fit, acc = 0, 0.0
@@ -326,71 +307,45 @@ def main(argv=None) -> int:
             break
         acc += est
         fit += 1
-    print(
+    headline = (
         f"plan: {len(planned)} cases, {n_rows} rows, about {total:.0f} s in all "
         f"(guessed); budget {args.budget_s:.0f} s: about {fit} rows fit; device "
         f"{facts.get('gpu') or facts.get('cpu')}; out {args.out}"
     )
-    for case, cands in planned[: 8 if not dry else len(planned)]:
-        print(f"  {case.describe()}: {len(cands)} candidates: {', '.join(c.label for c in cands)}")
-    if len(planned) > 8 and not dry:
-        print(f"  ... {len(planned) - 8} more cases")
-    sys.stdout.flush()
+    sweep.print_plan(headline, planned, shown=len(planned) if dry else 8)
 
-    written = failed = errors = 0
-    stopped = None
-    for (case, cands), est in zip(planned, estimates):
-        if not cands:
-            continue
-        left = args.budget_s - (time.perf_counter() - t_start)
-        if left < est[0]:
-            stopped = f"budget spent before {case.describe()}"
-            break
-        torch.manual_seed(case.priority)
-        inputs = case.inputs(device)
+    def golds(case, inputs):
         ref = getattr(reference, case.op)
         as_fp32 = tuple(
             a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
             for a in inputs
         )
-        gold = ref(*as_fp32)
-        same = ref(*inputs)
-        del as_fp32
-        for rank, cand in enumerate(cands):
-            if time.perf_counter() - t_start > args.budget_s:
-                stopped = f"budget spent in {case.describe()}"
-                break
-            row = base_row(case, cand, bucket_key, inputs, facts, rank)
-            try:
-                row.update(measure(case, cand, inputs, gold, same, device, dispatch, timing, dry))
-            except Exception as exc:  # a candidate that raises is a row, not the end
-                row.update(median_ms=None, parity=f"error: {type(exc).__name__}: {exc}"[:300])
-                errors += 1
-                append_row(args.out, row)
-                print(f"  ERROR {case.describe()} {cand.label}: {row['parity']}")
-                if device.type == "cuda" and context_lost(exc):
-                    print("gpu_sweep_attention: the CUDA context is lost; stopping", flush=True)
-                    return 2
-                continue
-            append_row(args.out, row)
-            written += 1
-            failed += row["parity"] != "pass"
-            print(
-                f"  {case.describe():42s} {cand.label:40s} {row['median_ms']:9.4f} ms "
-                f"{row['parity']}",
-                flush=True,
-            )
-        del inputs, gold, same
-        if stopped:
-            break
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    elapsed = time.perf_counter() - t_start
-    print(
-        f"done: {written} rows ({failed} failing parity, {errors} errors) in {elapsed:.0f} s"
-        + (f"; stopped: {stopped}" if stopped else "; every planned row ran")
+        return ref(*as_fp32), ref(*inputs)
+
+    def progress(case, cand, row):
+        return (
+            f"  {case.describe():42s} {cand.label:40s} {row['median_ms']:9.4f} ms {row['parity']}"
+        )
+
+    result = sweep.run_sweep(
+        planned,
+        estimates,
+        args,
+        script="gpu_sweep_attention",
+        device=device,
+        t_start=t_start,
+        golds=golds,
+        base_row=lambda case, cand, bucket, rank: base_row(case, cand, bucket, facts, rank),
+        measure=lambda case, cand, inputs, gold, same: measure(
+            case, cand, inputs, gold, same, device, dispatch, timing, dry
+        ),
+        progress=progress,
+        fit_each=False,
     )
-    return 1 if errors and not written else 0
+    if result.lost:
+        return 2
+    print(result.done_line(f"{result.measured} rows", t_start))
+    return 1 if result.errors and not result.measured else 0
 
 
 if __name__ == "__main__":

@@ -66,6 +66,8 @@ from dataclasses import dataclass
 
 import torch
 
+from bertfast.bench import sweep
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 STAGE = "c"
@@ -314,8 +316,6 @@ def first_output(case: Case, fn, args):
 
 def time_call(call, device, timing_s: float, dry: bool) -> tuple:
     """(Stats, launches per round): about 10 ms of launches per round, 3..20 of them."""
-    from bertfast.bench.sweep import time_launches
-
     t0 = time.perf_counter()
     call()
     sync(device)
@@ -324,7 +324,7 @@ def time_call(call, device, timing_s: float, dry: bool) -> tuple:
         launches, rounds, warmup = 2, 3, 0
     else:
         launches, rounds, warmup = int(min(20, max(3, 0.01 / max(one, 1e-6)))), 7, 2
-    stats = time_launches(
+    stats = sweep.time_launches(
         call, device, warmup=warmup, launches=launches, rounds=rounds, budget_s=timing_s
     )
     return stats, launches
@@ -337,19 +337,13 @@ def measure(case, candidate, args, gold, same, device, dispatch, timing_s, dry) 
     out = first_output(case, fn, args)
     sync(device)
     first = time.perf_counter() - t0
-    from bertfast.bench.sweep import parity_text
-
-    result, err, bound = parity_text(case.op, out, gold, same, case.dtype)
+    result, err, bound = sweep.parity_text(case.op, out, gold, same, case.dtype)
     del out
     call = timing_call(case, fn, args)
     stats, launches = time_call(call, device, timing_s, dry)
     median = stats.median
     row = {
-        "median_ms": median,
-        "iqr_ms": stats.iqr,
-        "min_ms": stats.min,
-        "launches": launches,
-        "rounds": len(stats.times),
+        **sweep.timing_fields(stats, launches),
         "first_call_s": round(first, 4),
         "parity": result,
         "parity_err": err,
@@ -377,11 +371,7 @@ def ceiling_row(case: Case, device, timing_s: float, dry: bool) -> dict:
     stats, launches = time_call(lambda: torch.mm(a, b), device, timing_s, dry)
     median = stats.median
     return {
-        "median_ms": median,
-        "iqr_ms": stats.iqr,
-        "min_ms": stats.min,
-        "launches": launches,
-        "rounds": len(stats.times),
+        **sweep.timing_fields(stats, launches),
         "parity": "n/a",
         "tflops": case.flops() / (median * 1e-3) / 1e12 if median > 0 else None,
     }
@@ -470,22 +460,15 @@ def summary(rows: list[dict]) -> str:
 
 # ---------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description="Time and check every GEMM / epilogue / LayerNorm candidate "
-        "(stage (c) of gpu_check.sh)."
+    p = sweep.sweep_parser(
+        "Time and check every GEMM / epilogue / LayerNorm candidate (stage (c) of gpu_check.sh).",
+        timing_help="timing budget per row (0.25; 0.02 dry)",
     )
-    p.add_argument("--out", required=True, help="JSON-lines file the rows are appended to")
-    p.add_argument("--budget-s", type=float, default=480.0, help="no row starts after this")
-    p.add_argument("--device", default=None, help="default: cuda (cpu with --dry-run)")
     p.add_argument("--dtypes", default=None, help="default float16,bfloat16 (float32,float16 dry)")
     p.add_argument("--fp32", action="store_true", help="add float32 (TF32 off)")
     p.add_argument("--models", default=None, help="bert-base,bert-large (tiny in a dry run)")
     p.add_argument("--rows", default=None, help="token rows M, default 4096,16384,128 (16 dry)")
     p.add_argument("--ops", default=",".join(dict.fromkeys(op for op, _ in KINDS)))
-    p.add_argument(
-        "--timing-s", type=float, default=None, help="timing budget per row (0.25; 0.02 dry)"
-    )
-    p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: checks the script")
     return p
 
 
@@ -493,58 +476,43 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     t_start = time.perf_counter()
     dry = args.dry_run
-    device = torch.device(args.device or ("cpu" if dry else "cuda"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("gpu_sweep_ops: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
+    device = sweep.sweep_device(args.device, dry, "gpu_sweep_ops")
+    if device is None:
         return 3
     # The golds and the fp32 rows are fp32 GEMMs: never TF32 (docs/design.md, numerics).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    from bertfast.bench.sweep import append_row, context_lost, device_facts, plan_candidates
     from bertfast.ops import dispatch, reference
-    from bertfast.ops.winners import bucket_key
 
     names = args.dtypes or ("float32,float16" if dry else "float16,bfloat16")
-    dtypes = [getattr(torch, d.strip()) for d in names.split(",") if d.strip()]
+    dtypes = [getattr(torch, d) for d in sweep.split_names(names)]
     if args.fp32 and torch.float32 not in dtypes:
         dtypes.append(torch.float32)
-    models = [
-        m.strip() for m in (args.models or ",".join(DRY_MODELS if dry else MODELS)).split(",")
-    ]
+    models = sweep.split_names(args.models or ",".join(DRY_MODELS if dry else MODELS))
     rows_m = (
-        [int(r) for r in args.rows.split(",")] if args.rows else list(DRY_ROWS if dry else ROWS)
+        [int(r) for r in sweep.split_names(args.rows)]
+        if args.rows
+        else list(DRY_ROWS if dry else ROWS)
     )
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    ops = sweep.split_names(args.ops)
     timing = args.timing_s if args.timing_s is not None else (0.02 if dry else 0.25)
-    facts = device_facts(device)
+    facts = sweep.device_facts(device)
 
     probes, note = cublaslt_variant(device, dtypes, dispatch) if "linear_gelu" in ops else ([], "")
     all_cases = cases(dry, models, dtypes, rows_m, ops)
-    planned = plan_candidates(all_cases, device)
-    compiled: set = set()
-    estimates = [
-        [estimate_row(c, cand, device.type, compiled, timing) for cand in cands]
-        for c, cands in planned
-    ]
+    planned, estimates = sweep.plan_sweep(all_cases, device, estimate_row, timing)
     shapes = {(c.gemm, c.dtype) for c, _ in planned if c.gemm}
     ceiling_s = len(shapes) * (0.1 if device.type == "cuda" else 0.02)
     n_rows = sum(len(c) for _, c in planned)
     total = sum(sum(e) for e in estimates) + ceiling_s
-    print(
+    headline = (
         f"plan: {len(planned)} cases, {n_rows} candidate rows + {len(shapes)} ceiling rows, "
         f"about {total:.0f} s in all (guessed); budget {args.budget_s:.0f} s; timing "
         f"{timing:.2f} s per row; device {facts.get('gpu') or facts.get('cpu')}; out {args.out}"
     )
-    if note:
-        print(f"  {note}")
-    for p in probes:
-        print(f"  cuBLASLt GELU epilogue probe, {p['dtype']}: {p}")
-    shown = planned if dry else planned[: len(KINDS) * 2]
-    for case, cands in shown:
-        print(f"  {case.describe()}: {len(cands)} candidates: {', '.join(c.label for c in cands)}")
-    if len(shown) < len(planned):
-        print(f"  ... {len(planned) - len(shown)} more cases")
-    sys.stdout.flush()
+    notes = [note] if note else []
+    notes += [f"cuBLASLt GELU epilogue probe, {p['dtype']}: {p}" for p in probes]
+    sweep.print_plan(headline, planned, shown=len(planned) if dry else len(KINDS) * 2, notes=notes)
 
     written: list[dict] = []
     for p in probes:
@@ -565,90 +533,72 @@ def main(argv=None) -> int:
             "device": facts,
             **p,
         }
-        append_row(args.out, row)
+        sweep.append_row(args.out, row)
         written.append(row)
 
-    failed = errors = 0
-    stopped = None
     ceilings: dict[tuple, float] = {}
-    for (case, cands), est in zip(planned, estimates):
-        if not cands:
-            continue
-        left = args.budget_s - (time.perf_counter() - t_start)
-        if left < est[0]:
-            stopped = f"budget spent before {case.describe()}"
-            break
-        torch.manual_seed(case.priority)
-        inputs = case.inputs(device)
-        bucket = bucket_key(case.op, inputs)
-        ceiling = None
-        if case.gemm:
-            key = (case.gemm, case.dtype)
-            if key not in ceilings:
-                row = base_row(case, "torch.mm", "torch", "mm", {}, bucket, facts)
-                row["op"] = "gemm_ceiling"
-                M, N, K = case.gemm
-                row["shape"] = {"model": case.model, "rows": M, "M": M, "N": N, "K": K}
-                row.update(ceiling_row(case, device, timing, dry))
-                append_row(args.out, row)
-                written.append(row)
-                ceilings[key] = row["tflops"]
-                print(
-                    f"  {case.describe():48s} {'ceiling torch.mm':40s} "
-                    f"{row['median_ms']:9.4f} ms {row['tflops']:8.2f} TFLOP/s",
-                    flush=True,
-                )
-            ceiling = ceilings[key]
-        gold, same = references(case, inputs, reference)
-        for rank, (cand, guess) in enumerate(zip(cands, est)):
-            if args.budget_s - (time.perf_counter() - t_start) < guess:
-                stopped = f"budget spent in {case.describe()}, before {cand.label}"
-                break
-            row = base_row(
-                case, cand.label, cand.backend, cand.variant, cand.config, bucket, facts, rank
-            )
-            try:
-                row.update(measure(case, cand, inputs, gold, same, device, dispatch, timing, dry))
-            except Exception as exc:  # a candidate that raises is a row, not the end
-                row.update(median_ms=None, parity=f"error: {type(exc).__name__}: {exc}"[:300])
-                errors += 1
-                append_row(args.out, row)
-                written.append(row)
-                print(f"  ERROR {case.describe()} {cand.label}: {row['parity']}")
-                if device.type == "cuda" and context_lost(exc):
-                    print("gpu_sweep_ops: the CUDA context is lost; stopping", flush=True)
-                    return 2
-                continue
-            if case.gemm and ceiling and row.get("tflops"):
-                row["ceiling_tflops"] = ceiling
-                row["ceiling_fraction"] = row["tflops"] / ceiling
-            append_row(args.out, row)
-            written.append(row)
-            failed += row["parity"] != "pass"
-            rate = (
-                f"{row['tflops']:8.2f} TFLOP/s"
-                if row.get("tflops") is not None
-                else f"{row.get('gbps') or 0:8.1f} GB/s"
-            )
-            print(
-                f"  {case.describe():48s} {cand.label:40s} {row['median_ms']:9.4f} ms {rate} "
-                f"{row['parity']}",
-                flush=True,
-            )
-        del inputs, gold, same
-        if stopped:
-            break
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    elapsed = time.perf_counter() - t_start
-    timed = sum(1 for r in written if r["op"] not in ("gemm_ceiling", "epilogue_probe"))
-    print(
-        f"done: {timed} candidate rows ({failed} failing parity, {errors} errors) in "
-        f"{elapsed:.0f} s" + (f"; stopped: {stopped}" if stopped else "; every planned row ran")
+
+    def ceiling_first(case, inputs, bucket):
+        """The ``gemm_ceiling`` row of a GEMM shape, before its first candidate."""
+        key = (case.gemm, case.dtype)
+        if not case.gemm or key in ceilings:
+            return
+        row = base_row(case, "torch.mm", "torch", "mm", {}, bucket, facts)
+        row["op"] = "gemm_ceiling"
+        M, N, K = case.gemm
+        row["shape"] = {"model": case.model, "rows": M, "M": M, "N": N, "K": K}
+        row.update(ceiling_row(case, device, timing, dry))
+        sweep.append_row(args.out, row)
+        written.append(row)
+        ceilings[key] = row["tflops"]
+        print(
+            f"  {case.describe():48s} {'ceiling torch.mm':40s} "
+            f"{row['median_ms']:9.4f} ms {row['tflops']:8.2f} TFLOP/s",
+            flush=True,
+        )
+
+    def measure_vs_ceiling(case, cand, inputs, gold, same):
+        row = measure(case, cand, inputs, gold, same, device, dispatch, timing, dry)
+        ceiling = ceilings.get((case.gemm, case.dtype)) if case.gemm else None
+        if ceiling and row.get("tflops"):
+            row["ceiling_tflops"] = ceiling
+            row["ceiling_fraction"] = row["tflops"] / ceiling
+        return row
+
+    def progress(case, cand, row):
+        rate = (
+            f"{row['tflops']:8.2f} TFLOP/s"
+            if row.get("tflops") is not None
+            else f"{row.get('gbps') or 0:8.1f} GB/s"
+        )
+        return (
+            f"  {case.describe():48s} {cand.label:40s} {row['median_ms']:9.4f} ms {rate} "
+            f"{row['parity']}"
+        )
+
+    result = sweep.run_sweep(
+        planned,
+        estimates,
+        args,
+        script="gpu_sweep_ops",
+        device=device,
+        t_start=t_start,
+        before_case=ceiling_first,
+        golds=lambda case, inputs: references(case, inputs, reference),
+        base_row=lambda case, cand, bucket, rank: base_row(
+            case, cand.label, cand.backend, cand.variant, cand.config, bucket, facts, rank
+        ),
+        measure=measure_vs_ceiling,
+        progress=progress,
     )
+    if result.lost:
+        return 2
+    written += result.rows
+    timed = len(result.rows)
+    print(result.done_line(f"{timed} candidate rows", t_start))
     print()
     print(summary(written))
-    return 1 if errors and not timed else 0
+    return 1 if result.errors and not result.measured else 0
 
 
 if __name__ == "__main__":

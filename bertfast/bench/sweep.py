@@ -19,10 +19,13 @@ A sweep row (one JSON object per line) has at least:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,12 +33,20 @@ from .timing import Stats
 
 __all__ = [
     "time_launches",
+    "timing_fields",
     "device_facts",
     "append_row",
     "read_rows",
     "parity_text",
     "plan_candidates",
+    "plan_sweep",
     "context_lost",
+    "sweep_parser",
+    "sweep_device",
+    "split_names",
+    "print_plan",
+    "SweepResult",
+    "run_sweep",
 ]
 
 
@@ -77,6 +88,18 @@ def time_launches(
         if r >= 2 and time.perf_counter() - start > budget_s:
             break
     return Stats(times)
+
+
+def timing_fields(stats: Stats, launches: int) -> dict:
+    """A row's timing fields: ``median_ms``, ``iqr_ms``, ``min_ms``, ``launches`` (per
+    round) and ``rounds`` of ``time_launches``' result."""
+    return {
+        "median_ms": stats.median,
+        "iqr_ms": stats.iqr,
+        "min_ms": stats.min,
+        "launches": launches,
+        "rounds": len(stats.times),
+    }
 
 
 def device_facts(device="cpu") -> dict:
@@ -157,9 +180,170 @@ def plan_candidates(cases, device) -> list[tuple]:
     return out
 
 
+def plan_sweep(cases, device, estimate_row: Callable, timing_s: float) -> tuple[list, list]:
+    """``(planned, estimates)``: ``plan_candidates(cases, device)`` and the guessed seconds
+    of each of its rows, ``estimate_row(case, candidate, device.type, compiled, timing_s)``
+    (``compiled``: a set the estimates share, so each compile is counted once)."""
+    planned = plan_candidates(cases, device)
+    compiled: set = set()
+    estimates = [
+        [estimate_row(c, cand, device.type, compiled, timing_s) for cand in cands]
+        for c, cands in planned
+    ]
+    return planned, estimates
+
+
 def context_lost(exc: BaseException) -> bool:
     """A CUDA error that poisons the context (every later launch would fail too)."""
     text = f"{type(exc).__name__}: {exc}"
     return "AcceleratorError" in text or any(
         s in text for s in ("illegal memory access", "unspecified launch failure", "CUDA error")
     )
+
+
+# ---------------------------------------------------------------- the sweeps' driver
+def sweep_parser(description: str, timing_help: str) -> argparse.ArgumentParser:
+    """A sweep script's parser with the options every sweep has (``--out``, ``--budget-s``,
+    ``--device``, ``--timing-s``, ``--dry-run``); the script adds its own."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", required=True, help="JSON-lines file the rows are appended to")
+    p.add_argument("--budget-s", type=float, default=480.0, help="no row starts after this")
+    p.add_argument("--device", default=None, help="default: cuda (cpu with --dry-run)")
+    p.add_argument("--timing-s", type=float, default=None, help=timing_help)
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes: checks the script")
+    return p
+
+
+def sweep_device(name: str | None, dry: bool, script: str) -> torch.device | None:
+    """The device a sweep runs on (``name``, else cuda, cpu in a dry run); None, with the
+    reason on stderr, when it asks for CUDA and there is none (the script exits 3)."""
+    device = torch.device(name or ("cpu" if dry else "cuda"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"{script}: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
+        return None
+    return device
+
+
+def split_names(text: str) -> list[str]:
+    """The names of a comma-separated option (``"float16, bfloat16"``), blanks dropped."""
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def print_plan(headline: str, planned, shown: int, notes=()) -> None:
+    """The plan a sweep prints before its first row: ``headline``, each note, then the
+    candidates of the first ``shown`` cases of ``planned`` (``plan_candidates``)."""
+    print(headline)
+    for note in notes:
+        print(f"  {note}")
+    for case, cands in planned[:shown]:
+        print(f"  {case.describe()}: {len(cands)} candidates: {', '.join(c.label for c in cands)}")
+    if len(planned) > shown:
+        print(f"  ... {len(planned) - shown} more cases")
+    sys.stdout.flush()
+
+
+@dataclass
+class SweepResult:
+    """What ``run_sweep`` wrote: the candidate rows (error rows included), in order."""
+
+    rows: list[dict] = field(default_factory=list)
+    failed: int = 0  # measured rows whose parity is not "pass"
+    errors: int = 0  # candidates that raised
+    stopped: str | None = None  # why the budget stopped the sweep early
+    lost: bool = False  # the CUDA context was lost: the sweep stopped at once (exit 2)
+
+    @property
+    def measured(self) -> int:
+        return len(self.rows) - self.errors
+
+    def done_line(self, counted: str, t_start: float) -> str:
+        """The sweep's last line; ``counted`` says how many rows, e.g. "12 rows"."""
+        elapsed = time.perf_counter() - t_start
+        return (
+            f"done: {counted} ({self.failed} failing parity, {self.errors} errors) in "
+            f"{elapsed:.0f} s"
+            + (f"; stopped: {self.stopped}" if self.stopped else "; every planned row ran")
+        )
+
+
+def run_sweep(
+    planned,
+    estimates,
+    args: argparse.Namespace,
+    *,
+    script: str,
+    device: torch.device,
+    t_start: float,
+    golds: Callable,
+    base_row: Callable,
+    measure: Callable,
+    progress: Callable,
+    before_case: Callable | None = None,
+    fit_each: bool = True,
+) -> SweepResult:
+    """Every planned case's candidates, one row each, appended to ``out`` as it is measured.
+
+    ``planned`` and ``estimates`` (the guessed seconds of each row) come from
+    ``plan_sweep``; ``args`` holds the ``sweep_parser`` options (``out``, ``budget_s``);
+    ``script`` names the sweep in its messages. Per case (its inputs drawn after
+    ``torch.manual_seed(case.priority)``, its ``bucket`` = ``bucket_key(case.op, inputs)``),
+    the script's callbacks give:
+
+    - ``before_case(case, inputs, bucket)``: rows of its own to write first (optional);
+    - ``golds(case, inputs) -> (gold, same)``: the references ``parity_text`` checks against;
+    - ``base_row(case, candidate, bucket, rank) -> dict``: a row's fixed fields;
+    - ``measure(case, candidate, inputs, gold, same) -> dict``: the measured fields (a
+      candidate that raises gets an error row; one that loses the CUDA context stops all);
+    - ``progress(case, candidate, row) -> str``: the line printed for a measured row.
+
+    No case starts unless its first row's guess fits the budget left; a candidate starts
+    unless its guess does not fit (``fit_each``) or, without ``fit_each``, the budget is
+    spent."""
+    from ..ops.winners import bucket_key
+
+    out, budget_s = args.out, args.budget_s
+    result = SweepResult()
+    for (case, cands), est in zip(planned, estimates):
+        if not cands:
+            continue
+        if budget_s - (time.perf_counter() - t_start) < est[0]:
+            result.stopped = f"budget spent before {case.describe()}"
+            break
+        torch.manual_seed(case.priority)
+        inputs = case.inputs(device)
+        bucket = bucket_key(case.op, inputs)
+        if before_case is not None:
+            before_case(case, inputs, bucket)
+        gold, same = golds(case, inputs)
+        for rank, (cand, guess) in enumerate(zip(cands, est)):
+            left = budget_s - (time.perf_counter() - t_start)
+            if fit_each and left < guess:
+                result.stopped = f"budget spent in {case.describe()}, before {cand.label}"
+                break
+            if not fit_each and left < 0:
+                result.stopped = f"budget spent in {case.describe()}"
+                break
+            row = base_row(case, cand, bucket, rank)
+            try:
+                row.update(measure(case, cand, inputs, gold, same))
+            except Exception as exc:  # a candidate that raises is a row, not the end
+                row.update(median_ms=None, parity=f"error: {type(exc).__name__}: {exc}"[:300])
+                result.errors += 1
+                append_row(out, row)
+                result.rows.append(row)
+                print(f"  ERROR {case.describe()} {cand.label}: {row['parity']}")
+                if device.type == "cuda" and context_lost(exc):
+                    print(f"{script}: the CUDA context is lost; stopping", flush=True)
+                    result.lost = True
+                    return result
+                continue
+            append_row(out, row)
+            result.rows.append(row)
+            result.failed += row["parity"] != "pass"
+            print(progress(case, cand, row), flush=True)
+        del inputs, gold, same
+        if result.stopped:
+            break
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result
