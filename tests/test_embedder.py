@@ -124,7 +124,7 @@ def test_bad_inputs(embedder):
     with pytest.raises(TypeError):
         embedder.encode(b"bytes")
     with pytest.raises(ValueError, match="convert_to"):
-        embedder.encode(["a"], convert_to="list")
+        embedder.encode(["a"], convert_to="pandas")
     with pytest.raises(ValueError, match="batch_size"):
         embedder.encode(["a"], batch_size=0)
     tensor = embedder.encode(("a", "b"), convert_to="torch")  # any sequence of str

@@ -36,7 +36,7 @@ def checkpoint_path(arg: str | None) -> Path:
 
     try:
         if arg is None:
-            return default_checkpoint()
+            return Path(default_checkpoint())
         return Path(checkpoint_folder(arg))
     except (ImportError, CheckpointError, TypeError) as exc:
         raise UserError(str(exc)) from None
