@@ -252,16 +252,10 @@ def check_backend(backend, device: torch.device, dtype: torch.dtype) -> str:
     name = requested_backend(backend)
     if name == "auto":
         return name
-    impl = dispatch.get_backend(name)
     env = " (from BERTFAST_BACKEND)" if backend == "auto" else ""
-    if isinstance(impl, dispatch._Unimportable):
-        reason = impl.error
-    elif device.type not in impl.device_types:
-        reason = f"it runs on {'/'.join(impl.device_types)} tensors, not {device.type}"
-    else:
-        reason = impl.unavailable(device.type)
-        if reason is None and dtype not in impl.dtypes:
-            reason = f"it does not support {dtype}"
+    reason = dispatch.why_not_here(name, device.type)
+    if reason is None and dtype not in dispatch.get_backend(name).dtypes:
+        reason = f"it does not support {dtype}"
     if reason is None:
         return name
     here = runnable_backends(device.type, dtype)

@@ -43,7 +43,7 @@ def test_invalid_device_string(folder):
 @pytest.mark.parametrize(
     "backend,dtype,reason",
     [
-        ("cuda", torch.float32, "runs on cuda tensors, not cpu"),
+        ("cuda", torch.float32, "runs on cuda tensors only"),
         ("cpu", torch.float64, "does not support torch.float64"),
     ],
 )

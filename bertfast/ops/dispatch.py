@@ -272,7 +272,7 @@ def resolve(backend: str, device_type: str) -> Resolved:
     requested = _requested(backend)
     reasons = {}
     for name in PREFERENCE.get(device_type, ("torch",)) if requested == "auto" else (requested,):
-        reason = _status(name, device_type)
+        reason = why_not_here(name, device_type)
         if reason is None:
             return Resolved(requested, name, reasons)
         reasons[name] = reason
@@ -370,11 +370,12 @@ def call(op: str, backend: str, device_type: str, dtype: torch.dtype, *args):
 
 def backend_status(device_type: str) -> dict[str, Reason]:
     """For each backend: None if it can run on ``device_type``, else why not."""
-    return {name: _status(name, device_type) for name in BACKEND_NAMES}
+    return {name: why_not_here(name, device_type) for name in BACKEND_NAMES}
 
 
-def _status(name: str, device_type: str) -> Reason:
-    """None if backend ``name`` can run on ``device_type`` at all, else why not."""
+def why_not_here(name: str, device_type: str) -> Reason:
+    """None if backend ``name`` can run on ``device_type`` at all, else why not (the one
+    answer of :func:`resolve`, :func:`backend_status` and the load-time check)."""
     impl = get_backend(name)
     if isinstance(impl, _Unimportable):
         return impl.error
