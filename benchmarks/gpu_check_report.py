@@ -23,6 +23,7 @@ runs without a GPU on rows brought back; ``--dry-run`` marks the table as a dry 
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -62,10 +63,13 @@ def _cmd(args: list[str]) -> str | None:
 
 
 def _read(path: str) -> str:
+    """The text of ``path`` ("" when it cannot be read); ``*.gz`` is unpacked (the rows
+    committed under benchmarks/results/<gpu>/ are gzipped)."""
+    opener = gzip.open if str(path).endswith(".gz") else open
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
             return f.read()
-    except OSError:
+    except (OSError, EOFError):
         return ""
 
 
@@ -161,6 +165,26 @@ def _group_log(log: str, n: str, name: str) -> str:
     return ""
 
 
+_EARLY = re.compile(r"^EARLY FAILED (\S+) \((\w+)\)$", re.M)
+
+
+def early_failures(part: str) -> list[str]:
+    """The failures a group printed as they happened (``EARLY FAILED <nodeid> (<phase>)``
+    and its first ``E`` line, from tests/conftest.py): what a run cut before
+    its summary still says."""
+    found = []
+    for m in _EARLY.finditer(part):
+        tb = []
+        for ln in part[m.end() :].split("\n")[1:]:
+            if not ln.startswith("    "):
+                break
+            tb.append(ln.strip())
+        errors = [ln for ln in tb if ln.startswith("E ")]  # pytest's error lines
+        why = (errors[0][1:].strip() if errors else (tb[-1] if tb else ""))[:160]
+        found.append(f"{m.group(1)} ({m.group(2)}): {why}")
+    return found
+
+
 def test_groups(state: str, log: str) -> list[str]:
     """A table of the pytest runs, one per file group, and the failures of each."""
     groups = [
@@ -191,8 +215,17 @@ def test_groups(state: str, log: str) -> list[str]:
             part = _group_log(log, n, name)
             pct = re.findall(r"\[\s*(\d+)%\]", part)
             where = f"cut at {pct[-1]}%" if pct else "no progress line"
-            lines.append(f"| {n} {name} | {verdict} | ? | ? | ? | ? | {seconds} | `{files}` |")
+            early = early_failures(part)
+            lines.append(
+                f"| {n} {name} | {verdict} | ? | {len(early) if early else '?'} | ? | ? "
+                f"| {seconds} | `{files}` |"
+            )
             details.append(f"- group {n} {name}: no JUnit XML ({where}; see tests.log)")
+            if early:
+                details.append(f"- group {n} {name}, failed before the cut:")
+                details += [f"  - `{f}`" for f in early[:40]]
+                if len(early) > 40:
+                    details.append(f"  - ... and {len(early) - 40} more (tests.log)")
             continue
         suites = [root] if root.tag == "testsuite" else list(root)
         total = {
@@ -338,24 +371,37 @@ def sweep_section(rows: list[dict], stage: str) -> list[str]:
         f"{len(bad)} candidates failing parity or raising (never a winner). Times: median "
         "ms of one launch (CUDA events over back-to-back launches).",
         "",
+        "`sdpa ms`: the fastest torch SDPA candidate (`torch:sdpa`, each SDPA kernel "
+        "forced); `sdpa / ours`: it over the fastest of bertfast's own kernels (> 1: ours "
+        "faster).",
+        "",
         "| op | model | dtype | shape | best candidate | ms | TFLOP/s | auto | auto ms "
-        "| auto / best | passing |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| auto / best | sdpa ms | sdpa / ours | passing |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def fastest(rs):
+        return min(rs, key=lambda r: r["median_ms"]) if rs else None
+
     for (op, model, dtype, shape), rs in list(cases.items())[:SWEEP_CASES_SHOWN]:
         ok = [r for r in rs if r.get("parity") == "pass" and _ms(r.get("median_ms"))]
-        best = min(ok, key=lambda r: r["median_ms"]) if ok else None
+        best = fastest(ok)
+        ours = fastest([r for r in ok if not str(r.get("candidate")).startswith("torch")])
+        sdpa = fastest([r for r in ok if str(r.get("candidate")).startswith("torch:sdpa")])
         auto = next((r for r in rs if r.get("auto")), None)
         auto_ms = _ms(auto.get("median_ms")) if auto else None
         gain = f"{auto_ms / best['median_ms']:.2f}x" if best and auto_ms else "-"
         tflops = _ms(best.get("tflops")) if best else None
+        vs = f"{sdpa['median_ms'] / ours['median_ms']:.2f}x" if sdpa and ours else "-"
         lines.append(
             f"| {op} | {model} | {dtype} | {shape} | "
             + (f"`{best['candidate']}` | {best['median_ms']:.4f}" if best else "none | -")
             + (f" | {tflops:.1f}" if tflops else " | -")
             + f" | {'`' + str(auto['candidate']) + '`' if auto else '-'} | "
             + (f"{auto_ms:.4f}" if auto_ms else "-")
-            + f" | {gain} | {len(ok)}/{len(rs)} |"
+            + f" | {gain} | "
+            + (f"{sdpa['median_ms']:.4f}" if sdpa else "-")
+            + f" | {vs} | {len(ok)}/{len(rs)} |"
         )
     if len(cases) > SWEEP_CASES_SHOWN:
         lines.append(f"\n({len(cases) - SWEEP_CASES_SHOWN} more cases in rows.jsonl)")
@@ -515,7 +561,12 @@ def e2e_section(rows: list[dict]) -> list[str]:
     for r in rows:
         if r.get("kind") == "skip":
             lines.append(f"- skipped {r.get('provider')}: {str(r.get('why'))[:200]}")
-    for group, title in ((1, "providers"), (2, "torch.compile max-autotune (beside SDPA)")):
+    titles = (
+        (1, "bertfast-auto beside transformers"),
+        (2, "torch.compile, bertfast-cuda, bertfast-triton (beside transformers)"),
+        (3, "torch.compile max-autotune (beside transformers)"),
+    )
+    for group, title in titles:
         part = [r for r in e2e if r.get("group") == group]
         if part:
             lines += ["", f"#### {title}", "", _e2e_table(part)]

@@ -4,9 +4,14 @@
   variable must be set before any Triton kernel is defined, hence here.
 - fp32 comparisons run with TF32 off (docs/design.md, numerics).
 - Tests marked ``gpu`` skip cleanly without a CUDA device.
+- ``BERTFAST_TEST_EARLY_FAILURES=1`` prints each failure the moment it is reported
+  (one ``EARLY FAILED <nodeid> (<phase>)`` line and the head of its traceback), so a
+  run cut by a timeout, whose end-of-run summary never comes, still names its
+  failures (the GPU check sets it; under pytest-xdist the controller prints them).
 """
 
 import os
+import sys
 
 import pytest
 import torch
@@ -26,6 +31,33 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+EARLY_FAILURE_LINES = 12
+_CONFIG = []
+
+
+def pytest_configure(config):
+    _CONFIG[:] = [config]
+
+
+def pytest_runtest_logreport(report):
+    if not report.failed or os.environ.get("BERTFAST_TEST_EARLY_FAILURES") != "1":
+        return
+    text = getattr(report, "longreprtext", "") or ""
+    tail = [ln for ln in text.splitlines() if ln.strip()][-EARLY_FAILURE_LINES:]
+    lines = [f"EARLY FAILED {report.nodeid} ({report.when})"]
+    lines += [f"    {ln[:200]}" for ln in tail]
+    # through the terminal reporter (the real stdout, not a test's captured one)
+    term = _CONFIG[0].pluginmanager.get_plugin("terminalreporter") if _CONFIG else None
+    if term is not None:
+        term.write_line("")
+        for ln in lines:
+            term.write_line(ln)
+        if hasattr(term, "flush"):  # pytest >= 7
+            term.flush()
+    else:
+        print("\n".join(lines), file=sys.__stdout__, flush=True)
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,7 @@ on the limits of what a device run brings back.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -96,7 +97,8 @@ def test_list_shows_every_stage_bounded(tmp_path):
     lines = result.stdout.strip().splitlines()
     labels = _labels(result.stdout)
     assert labels[0] == "install"
-    expected = ["tests:unfinished", "tests:rest", "sweep-attention", "winners", "e2e"]
+    expected = ["tests:new-gpu", "tests:unfinished", "tests:rest", "sweep-attention"]
+    expected += ["winners", "e2e"]
     expected += ["check:float16", "check:bfloat16"] + (["sweep-ops"] if HAS_OPS_SWEEP else [])
     for stage in expected:
         assert stage in labels, labels
@@ -104,11 +106,18 @@ def test_list_shows_every_stage_bounded(tmp_path):
         assert f"sanitize:{tool}" in labels
     assert labels.index("winners") < labels.index("e2e")  # e2e takes the table
     assert any("--no-build-isolation --no-deps" in ln for ln in lines)
-    # the unfinished files run first, the rest of tests/ last without them
-    first = next(ln for ln in lines if ln.startswith("[tests:unfinished]"))
-    assert "tests/ops/test_nonfinite.py tests/ops/test_triton_backend.py" in first
+    # the GPU files no run has finished first, then the first run's unfinished ones,
+    # the rest of tests/ last without them; each names its failures as they happen
+    assert labels.index("tests:new-gpu") < labels.index("tests:unfinished")
+    assert labels.index("tests:unfinished") < labels.index("tests:rest")
+    first = next(ln for ln in lines if ln.startswith("[tests:new-gpu]"))
+    assert "tests/ops/test_cuda_flash_attention.py" in first
+    assert "BERTFAST_TEST_EARLY_FAILURES=1" in first and "--dist load " in first
+    second = next(ln for ln in lines if ln.startswith("[tests:unfinished]"))
+    assert "tests/ops/test_nonfinite.py tests/ops/test_triton_backend.py" in second
     rest = next(ln for ln in lines if ln.startswith("[tests:rest]"))
-    assert " tests --ignore=tests/ops/test_nonfinite.py" in rest
+    assert " --ignore=tests/ops/test_nonfinite.py" in rest
+    assert " --ignore=tests/ops/test_cuda_flash_attention.py" in rest and "--dist loadfile" in rest
     # every command is bounded, each stage within a 10-minute call
     limits = _limits(result.stdout)
     assert limits and max(limits.values()) < 600
@@ -239,7 +248,14 @@ TESTS_LOG = """
 ....F.s                                                  [100%]
 ########## tests group 3 rest
 ........................................................ [ 41%]
-..................................................... [ 83%]
+..F
+
+EARLY FAILED tests/ops/test_nonfinite.py::test_y[fp16] (call)
+        def test_y():
+    >       assert err < bound
+    E       AssertionError: max abs diff 0.5 > 0.01
+    tests/ops/test_nonfinite.py:12: AssertionError
+.................................................. [ 83%]
 """
 
 
@@ -278,7 +294,12 @@ def test_report_summarises_logs_and_keeps_the_limits(tmp_path):
     assert "| tests | TIMEOUT | 540 |" in text and "| install | PASS | 60 |" in text
     # one row per file group; a group cut by its timeout says how far it got
     assert "| 1 unfinished | FAIL (exit 1) | 2 | 1 | 0 | 1 | 80 |" in text
-    assert "| 3 rest | TIMEOUT | ? |" in text and "cut at 83%" in text
+    assert "| 3 rest | TIMEOUT | ? | 1 |" in text and "cut at 83%" in text
+    # a cut group still names the failures it printed as they happened
+    assert (
+        "`tests/ops/test_nonfinite.py::test_y[fp16] (call): AssertionError: max abs diff 0.5 > 0.01`"
+        in text
+    )
     assert "tests.test_a::test_bad: assert 1 == 2" in text
     assert "1 x needs a thing" in text
     memcheck = next(ln for ln in text.splitlines() if "**memcheck**" in ln)
@@ -305,6 +326,76 @@ def _row(**kw):
     return json.dumps(base)
 
 
+EARLY_CASES = """
+import pytest
+
+
+def test_fails():
+    assert 1 == 2, "boom"
+
+
+def test_passes():
+    pass
+
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("setup broke")
+
+
+def test_errors(broken):
+    pass
+"""
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_failures_are_printed_as_they_happen(tmp_path, early):
+    # tests/conftest.py's hook (the GPU check sets BERTFAST_TEST_EARLY_FAILURES): each
+    # failure is named before the end-of-run summary a timeout would cut off
+    (tmp_path / "test_cases.py").write_text(EARLY_CASES)
+    env = dict(os.environ, BERTFAST_TEST_EARLY_FAILURES="1" if early else "0")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "tests.conftest",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_cases.py"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr
+    lines = out.splitlines()
+    named = [ln for ln in lines if ln.startswith("EARLY FAILED")]
+    if not early:
+        assert named == []
+        return
+    assert named == [
+        "EARLY FAILED test_cases.py::test_fails (call)",
+        "EARLY FAILED test_cases.py::test_errors (setup)",
+    ]
+    ends = ("short test summary", "= FAILURES", "= ERRORS")
+    summary = next(i for i, ln in enumerate(lines) if any(e in ln for e in ends))
+    assert lines.index(named[1]) < summary
+    assert any(ln.strip().startswith("E ") and "boom" in ln for ln in lines[:summary])
+    assert any("setup broke" in ln for ln in lines[:summary])
+    rep = _bench_module("gpu_check_report")
+    found = rep.early_failures(out)
+    assert found[0].startswith("test_cases.py::test_fails (call): AssertionError: boom")
+    assert found[1].startswith("test_cases.py::test_errors (setup): RuntimeError: setup broke")
+
+
 def test_report_sweep_winners_and_e2e_sections(tmp_path):
     rep, out, state = _fabricated(tmp_path)
     rows = [
@@ -317,6 +408,7 @@ def test_report_sweep_winners_and_e2e_sections(tmp_path):
             parity="fail: 1 > 0.01",
         ),
         _row(candidate="torch", backend="torch", median_ms=None, parity="error: RuntimeError: x"),
+        _row(candidate="torch:sdpa[sdpa_backend=efficient]", backend="torch", median_ms=0.10),
         _row(stage="c", op="gemm_ceiling", candidate="torch.mm", median_ms=0.04, parity="n/a"),
         '{"stage": "b", "op": "attention", "cut by a time',  # a line cut by a timeout
     ]
@@ -372,7 +464,8 @@ def test_report_sweep_winners_and_e2e_sections(tmp_path):
         "| attention | bert-base | float16 | 32x128 | `cuda:flash` | 0.0500 | 300.0 | `cuda` "
         in text
     )
-    assert "| 4.00x | 2/4 |" in text
+    # against the fastest torch SDPA candidate: 0.10 ms over ours (cuda:flash) 0.05 ms
+    assert "| 4.00x | 0.1000 | 2.00x | 3/5 |" in text
     assert "`triton[BLOCK_M=64]`: fail: 1 > 0.01" in text and "`torch`: error: RuntimeError" in text
     assert "nvidia-h100-80gb-hbm3_sm90" in text and "`cuda:flash`" in text
     assert "| 32x128 | bertfast-auto | 1.75 |" in text and "| 4.00 |" in text
@@ -407,3 +500,25 @@ def test_winners_table_is_for_the_gpu_most_rows_name(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "the table is for NVIDIA H100 80GB HBM3" in out
     assert "/data/winners/" + "nvidia-h100-80gb-hbm3_sm90_torch2.11" in out
+    # rows committed under benchmarks/results/<gpu>/ are gzipped: read the same
+    packed = tmp_path / "rows.jsonl.gz"
+    packed.write_bytes(gzip.compress(rows.read_bytes()))
+    target.unlink()
+    assert rep.main(["--winners", str(target), str(packed)]) == 0
+    assert json.loads(target.read_text())["entries"] == table["entries"]
+
+
+H200 = os.path.join(ROOT, "benchmarks", "results", "gpu-h200")
+
+
+@pytest.mark.skipif(not os.path.isdir(H200), reason="no H200 results in this checkout")
+def test_committed_gpu_winners_table_is_what_its_rows_give(tmp_path):
+    """The winners table kept with a GPU run's results is the one the builder makes from
+    the rows kept beside it (nothing edited by hand)."""
+    rep = _bench_module("gpu_check_report")
+    target = tmp_path / "winners.json"
+    assert rep.main(["--winners", str(target), os.path.join(H200, "rows.jsonl.gz")]) == 0
+    with open(os.path.join(H200, "winners.json")) as f:
+        kept = json.load(f)
+    built = json.loads(target.read_text())
+    assert kept["device"] == built["device"] and kept["entries"] == built["entries"]

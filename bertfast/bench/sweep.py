@@ -20,6 +20,7 @@ A sweep row (one JSON object per line) has at least:
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -137,9 +138,11 @@ def append_row(path, row: dict) -> None:
 
 
 def read_rows(path) -> list[dict]:
-    """The rows of a JSON-lines file; a last line cut by a timeout is skipped."""
+    """The rows of a JSON-lines file (``*.gz``: gzipped); a last line cut by a timeout
+    is skipped."""
     rows = []
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for line in f:
             line = line.strip()
             if not line:
