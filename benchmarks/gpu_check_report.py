@@ -462,7 +462,8 @@ def winners_section(out: str) -> list[str]:
         f"device: {device.get('gpu')} (capability {device.get('capability')}), torch "
         f"{device.get('torch')}, triton {device.get('triton')}"
         + ("; DRY RUN (used only when forced)" if device.get("dry_run") else ""),
-        f"- commit it as `bertfast/data/winners/{_commit_name(device)}`",
+        f"- to ship it (once the GPU tests pass there): `{_commit_name(device)}` in "
+        "`bertfast/data/winners/`",
     ]
     if entries:
         lines += [
