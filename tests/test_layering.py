@@ -58,6 +58,9 @@ LAYERS = [
             "bertfast.tune",  # bertfast tune: winners tables from GPU sweeps
             "bertfast.bench",
             "bertfast.bench.*",
+            # LangChain / LlamaIndex adapters around the embedder
+            "bertfast.integrations",
+            "bertfast.integrations.*",
         ],
     ),
     (
