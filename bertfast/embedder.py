@@ -32,12 +32,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import hub
 from .text import TextError
 from .tokenizer import Tokenizer, TokenizerError, model_max_length
 from .validate import (
     CheckpointError,
     checkpoint_file,
-    checkpoint_folder,
     first_few,
     load_options,
     one_line,
@@ -403,8 +403,14 @@ class Embedder:
         backend: str = "auto",
         max_length: int | None = None,
         quantize: str | None = None,
+        *,
+        revision: str | None = None,
+        token=None,
+        cache_dir=None,
     ) -> Embedder:
-        """Load a checkpoint folder (default: :func:`default_checkpoint`).
+        """Load a checkpoint folder or a Hugging Face Hub id (default:
+        :func:`default_checkpoint`); ``revision``, ``token``, ``cache_dir``: as
+        :func:`bertfast.from_pretrained` (Hub ids only).
 
         Raises what :func:`bertfast.from_pretrained` raises for the same mistake
         (``CheckpointError``, which a missing folder also is as a
@@ -417,7 +423,9 @@ class Embedder:
         device = load_options(device, dtype, backend)
         if quantize:
             quant.check_supported(device, dtype, backend)
-        path = Path(default_checkpoint() if path is None else checkpoint_folder(path))
+        if path is None:
+            path = default_checkpoint()
+        path = Path(hub.resolve(path, revision=revision, token=token, cache_dir=cache_dir))
         sentence = read_sentence_config(path)
         limit = model_max_length(path)
         if max_length is None:

@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from . import heads as H
-from . import ops
+from . import hub, ops
 from .checkpoint import encoder_weight_specs, file_backed, load_checkpoint
 from .config import EncoderConfig
 from .info import warn_if_slow_bf16
@@ -57,7 +57,7 @@ from .ops import cpu_weights as _cpu_weights
 from .ops import dispatch as _dispatch
 from .ops import quant as _quant
 from .outputs import EncoderOutput
-from .validate import checkpoint_folder, first_few, load_options
+from .validate import first_few, load_options
 
 __all__ = ["BertfastModel", "from_pretrained"]
 
@@ -969,8 +969,18 @@ def from_pretrained(
     head: str | None = None,
     cuda_graphs: bool | None = None,
     quantize: str | None = None,
+    *,
+    revision: str | None = None,
+    token=None,
+    cache_dir=None,
 ) -> BertfastModel:
-    """Load a Hugging Face checkpoint folder into a :class:`BertfastModel`.
+    """Load a Hugging Face checkpoint folder, or a Hub model id, into a
+    :class:`BertfastModel`.
+
+    ``path``: a local folder, or a Hugging Face Hub id (``"BAAI/bge-small-en-v1.5"``)
+    found in or downloaded to the standard Hugging Face cache, with ``revision``,
+    ``token`` and ``cache_dir`` (:mod:`bertfast.hub`: only the files bertfast reads;
+    ``HF_HUB_OFFLINE=1`` loads cached models only).
 
     ``head`` is one of :data:`bertfast.heads.HEADS` or None (chosen from
     ``architectures`` in config.json). ``backend`` is passed to every op (``"auto"``,
@@ -997,7 +1007,7 @@ def from_pretrained(
     device = load_options(device, dtype, backend)
     if quantize:
         _quant.check_supported(device, dtype, backend)
-    folder = checkpoint_folder(path)
+    folder = hub.resolve(path, revision=revision, token=token, cache_dir=cache_dir)
     cfg, head, weights = load_checkpoint(folder, head=head, dtype=dtype, device=device)
     model = BertfastModel(
         cfg, weights, head=head, backend=backend, own_weights=True, quantize=quantize

@@ -24,7 +24,6 @@ through :func:`short_repr`, file text (tensor keys, a library's error) through
 from __future__ import annotations
 
 import os
-import re
 import reprlib
 from collections.abc import Iterable
 from pathlib import PureWindowsPath
@@ -93,20 +92,6 @@ def first_few(items: Iterable, n: int = 5) -> str:
 
 
 # ---------------------------------------------------------------- folders and files
-# A Hugging Face Hub id: ``name`` or ``owner/name`` (letters, digits, ``-_.``).
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
-
-
-def _hub_hint(text: str) -> str:
-    if not _HUB_ID.match(text) or text in (".", ".."):
-        return ""
-    local = text.rsplit("/", 1)[-1]
-    return (
-        f"; if {text!r} is a Hugging Face Hub id: bertfast reads local checkpoint "
-        f"folders only, so download it first (`huggingface-cli download {text} "
-        f"--local-dir {local}`, or save_pretrained() of the transformers model and "
-        f"tokenizer) and pass that folder"
-    )
 
 
 def checkpoint_folder(path) -> str:
@@ -118,7 +103,7 @@ def checkpoint_folder(path) -> str:
     text = os.fspath(path)
     folder = os.path.expanduser(text)
     if not os.path.exists(folder):
-        raise CheckpointNotFoundError(f"checkpoint folder {text} does not exist{_hub_hint(text)}")
+        raise CheckpointNotFoundError(f"checkpoint folder {text} does not exist")
     if not os.path.isdir(folder):
         raise CheckpointNotADirectoryError(
             f"checkpoint path {text} is not a folder (expected a Hugging Face checkpoint "

@@ -4,17 +4,28 @@
   variable must be set before any Triton kernel is defined, hence here.
 - fp32 comparisons run with TF32 off (docs/design.md, numerics).
 - Tests marked ``gpu`` skip cleanly without a CUDA device.
+- ``HF_HUB_OFFLINE=1`` and a private, empty ``HF_HUB_CACHE``: no test downloads.
 - ``BERTFAST_TEST_EARLY_FAILURES=1`` prints each failure the moment it is reported
   (one ``EARLY FAILED <nodeid> (<phase>)`` line and the head of its traceback), so a
   run cut by a timeout, whose end-of-run summary never comes, still names its
   failures (the GPU check sets it; under pytest-xdist the controller prints them).
 """
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
-import pytest
-import torch
+# No test reaches the network: Hugging Face Hub ids resolve offline, from a private,
+# empty cache that the Hub tests fill (set before anything imports huggingface_hub,
+# which reads both at import).
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="bertfast-tests-hf-cache-")
+atexit.register(shutil.rmtree, os.environ["HF_HUB_CACHE"], True)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:

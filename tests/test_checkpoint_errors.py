@@ -720,10 +720,12 @@ def test_missing_folder_same_error_from_model_and_embedder(tmp_path):
     assert errors[0] == errors[1]
 
 
-def test_hub_id_says_local_folders_only(tmp_path, monkeypatch):
+def test_uncached_hub_id_offline_says_so(tmp_path, monkeypatch):
+    # no folder of that name here: a Hub id, looked up in the (empty, offline) cache
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CheckpointError) as e:
         bertfast.from_pretrained("bert-base-uncased")
     msg = str(e.value)
-    assert "local checkpoint folders only" in msg
-    assert "huggingface-cli download bert-base-uncased" in msg and "save_pretrained" in msg
+    assert isinstance(e.value, FileNotFoundError)
+    assert "bert-base-uncased is not in the Hugging Face cache" in msg
+    assert "hf download bert-base-uncased" in msg

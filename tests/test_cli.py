@@ -524,8 +524,9 @@ def test_hub_id_as_checkpoint(tmp_path, capsys, monkeypatch):
     main = _in_process(capsys)
     assert_one_line(
         main("encode", "bert-base-uncased", "--input", texts, "--output", tmp_path / "o.npy"),
-        "local checkpoint folders only",
-        "huggingface-cli download bert-base-uncased",
+        # an id: looked up in the Hugging Face cache (empty and offline in the tests)
+        "bert-base-uncased is not in the Hugging Face cache",
+        "hf download bert-base-uncased",
     )
 
 

@@ -82,6 +82,7 @@ LAYERS = [
             "bertfast.checkpoint",
             "bertfast.head_specs",  # which head a checkpoint runs, and the weights it reads
             "bertfast.validate",  # load-time checks of user input; asks ops.dispatch
+            "bertfast.hub",  # Hub ids -> snapshot folders of the Hugging Face cache
             "bertfast.presets",  # random-weight checkpoints of named architectures
             "bertfast.tokenizer",  # the checkpoint's tokenizer files
             "bertfast.text",  # checks on input text (tokenizer, embedder, stream, ray)

@@ -30,14 +30,17 @@ def torch_device(name: str):
 
 
 def checkpoint_path(arg: str | None) -> Path:
-    """The checkpoint folder a command names, or the packaged default when None."""
+    """The checkpoint folder a command names (a folder, or a Hub id resolved to its
+    snapshot in the Hugging Face cache: bertfast.hub), or the packaged default when
+    None."""
     from ..embedder import default_checkpoint
-    from ..validate import CheckpointError, checkpoint_folder
+    from ..hub import resolve
+    from ..validate import CheckpointError
 
     try:
         if arg is None:
             return Path(default_checkpoint())
-        return Path(checkpoint_folder(arg))
+        return Path(resolve(arg))
     except (ImportError, CheckpointError, TypeError) as exc:
         raise UserError(str(exc)) from None
 
@@ -46,12 +49,12 @@ def model_folder(model: str | None) -> str:
     """``bench`` / ``accuracy`` --model: a built-in name (bertfast.presets) or a
     checkpoint folder, checked (``ValueError`` / ``CheckpointError``, not UserError:
     those commands print their own ``bertfast bench: error:`` line)."""
+    from .. import hub
     from ..presets import PRESETS, resolve
-    from ..validate import checkpoint_folder
 
     if model is None or model == "minilm" or model in PRESETS:
         return str(resolve(model))
-    return checkpoint_folder(model)
+    return hub.resolve(model)
 
 
 def backend_env() -> None:

@@ -1,0 +1,160 @@
+"""Hugging Face Hub ids (issue 28, item 1; ``bertfast/hub.py``), offline: the test
+builds the standard cache layout (``models--org--name/{blobs,snapshots,refs}``) the
+way ``huggingface_hub`` writes it, and the real client resolves ids, branches and
+commits from it (``HF_HUB_OFFLINE=1``, set for every test in ``tests/conftest.py``).
+The reference is transformers loading the same id through the same cache."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import bertfast
+from bertfast.embedder import Embedder
+from bertfast.validate import CheckpointError
+
+from . import tiny_embedder
+from .test_cli import _in_process, assert_one_line
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("huggingface_hub")
+
+IDS = torch.tensor([[2, 7, 9, 11, 3, 0], [2, 5, 6, 3, 0, 0]])
+MASK = (IDS != 0).long()
+
+
+def cache_repo(cache: Path, repo_id: str, source: Path, ref: str = "main", commit=None) -> str:
+    """Put the files of ``source`` into ``cache`` as huggingface_hub stores a
+    downloaded snapshot: content-addressed blobs, a snapshot folder of relative links
+    to them, and ``refs/<ref>`` naming the commit. Returns the commit hash."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    files = sorted(p for p in source.rglob("*") if p.is_file())
+    commit = (
+        commit
+        or hashlib.sha1(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()
+    )
+    for p in files:
+        data = p.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = repo / "snapshots" / commit / p.relative_to(source)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / ref).write_text(commit)
+    return commit
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub-sources")
+    return [tiny_embedder.make_checkpoint(root / f"seed{s}", seed=s) for s in (0, 1)]
+
+
+@pytest.fixture
+def cache(tmp_path, sources):
+    cache = tmp_path / "hf-cache"
+    cache_repo(cache, "org/tiny", sources[0])
+    return cache
+
+
+def _hidden(model):
+    """Hidden states of the real tokens (padded rows are bertfast's own business)."""
+    with torch.no_grad():
+        return model(IDS, attention_mask=MASK).last_hidden_state[MASK.bool()]
+
+
+def _reference(repo_id, cache, **kwargs):
+    ref = transformers.AutoModel.from_pretrained(repo_id, cache_dir=str(cache), **kwargs)
+    return _hidden(ref.eval())
+
+
+def test_hub_id_loads_what_transformers_loads(cache, sources):
+    ours = _hidden(bertfast.from_pretrained("org/tiny", cache_dir=cache))
+    torch.testing.assert_close(ours, _reference("org/tiny", cache), atol=1e-5, rtol=0)
+    # and it is the snapshot of that folder
+    torch.testing.assert_close(ours, _hidden(bertfast.from_pretrained(sources[0])))
+
+
+def test_revision_branch_and_commit(cache, sources):
+    commit = cache_repo(cache, "org/tiny", sources[1], ref="v2")
+    expect = _reference("org/tiny", cache, revision="v2")
+    for revision in ("v2", commit):
+        got = _hidden(bertfast.from_pretrained("org/tiny", revision=revision, cache_dir=cache))
+        torch.testing.assert_close(got, expect, atol=1e-5, rtol=0)
+    main = _hidden(bertfast.from_pretrained("org/tiny", cache_dir=cache))
+    assert (main - expect).abs().max() > 1e-3  # the branches differ
+
+
+def test_default_cache_embedder_and_cli(sources, tmp_path, capsys):
+    cache = Path(os.environ["HF_HUB_CACHE"])  # the standard cache (tests/conftest.py)
+    cache_repo(cache, "org/cli-tiny", sources[0])
+    texts = tiny_embedder.corpus(5)
+    got = Embedder.from_pretrained("org/cli-tiny").encode(texts)
+    np.testing.assert_allclose(got, Embedder.from_pretrained(sources[0]).encode(texts), atol=1e-6)
+    (tmp_path / "t.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = tmp_path / "o.npy"
+    result = _in_process(capsys)(
+        "encode", "org/cli-tiny", "--input", tmp_path / "t.txt", "--output", out
+    )
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_allclose(np.load(out), got, atol=1e-6)
+
+
+def test_pytorch_bin_only_repository(tmp_path, sources):
+    # an older repository: pytorch_model.bin, read with torch.load(weights_only=True)
+    folder = tmp_path / "bin-only"
+    shutil.copytree(sources[0], folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    state = transformers.AutoModel.from_pretrained(sources[0]).state_dict()
+    torch.save(state, folder / "pytorch_model.bin")
+    cache = tmp_path / "hf-cache"
+    cache_repo(cache, "org/old", folder)
+    got = _hidden(bertfast.from_pretrained("org/old", cache_dir=cache))
+    torch.testing.assert_close(got, _reference("org/old", cache), atol=1e-5, rtol=0)
+
+
+def test_uncached_id_offline_is_one_clear_line(cache, capsys, tmp_path):
+    (tmp_path / "x.txt").write_text("hello\n", encoding="utf-8")
+    for kwargs in ({}, {"revision": "nope"}):
+        with pytest.raises(CheckpointError) as e:
+            repo = "org/tiny" if kwargs else "org/absent"
+            bertfast.from_pretrained(repo, cache_dir=cache, **kwargs)
+        msg = str(e.value)
+        assert isinstance(e.value, FileNotFoundError) and "\n" not in msg
+        assert "is not in the Hugging Face cache" in msg and "HF_HUB_OFFLINE" in msg
+        assert ("org/absent" in msg) if not kwargs else ("revision 'nope'" in msg)
+    assert_one_line(
+        _in_process(capsys)(
+            "encode", "org/absent", "--input", tmp_path / "x.txt", "--output", tmp_path / "o.npy"
+        ),
+        "org/absent is not in the Hugging Face cache",
+    )
+
+
+def test_options_apply_to_hub_ids_only(sources):
+    with pytest.raises(ValueError, match="revision apply to Hugging Face Hub ids; .* is a local"):
+        bertfast.from_pretrained(sources[0], revision="main")
+    with pytest.raises(TypeError, match="revision must be a string"):
+        bertfast.from_pretrained("org/tiny", revision=3)
+    # not an id and not a folder: the folder's own error
+    with pytest.raises(CheckpointError, match="does not exist"):
+        bertfast.from_pretrained("no such/folder/here")
+
+
+def test_a_snapshot_link_out_of_the_cache_is_refused(cache, tmp_path):
+    # a snapshot file may link into its repository's blobs, nowhere else
+    snapshot = next((cache / "models--org--tiny" / "snapshots").iterdir())
+    outside = tmp_path / "elsewhere.safetensors"
+    target = snapshot / "model.safetensors"
+    outside.write_bytes(target.read_bytes())
+    target.unlink()
+    target.symlink_to(outside)
+    with pytest.raises(CheckpointError, match="outside"):
+        bertfast.from_pretrained("org/tiny", cache_dir=cache)
