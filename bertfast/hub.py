@@ -99,16 +99,14 @@ def _has_safetensors(folder: str) -> bool:
 def _download(repo_id: str, revision, token, cache_dir) -> str:
     try:
         import huggingface_hub
-        from huggingface_hub import errors
+        from huggingface_hub import constants, errors
     except ImportError:  # pragma: no cover - a dependency of tokenizers
         raise CheckpointNotFoundError(
             f"{repo_id} is no local folder, and huggingface_hub (to download Hub ids) is "
             "not installed: pip install huggingface_hub, or pass a checkpoint folder"
         ) from None
     at = f"{repo_id}" + (f" (revision {revision!r})" if revision else "")
-    cache = (
-        os.fspath(cache_dir) if cache_dir is not None else huggingface_hub.constants.HF_HUB_CACHE
-    )
+    cache = os.fspath(cache_dir) if cache_dir is not None else constants.HF_HUB_CACHE
 
     def fetch(patterns):
         return huggingface_hub.snapshot_download(

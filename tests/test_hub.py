@@ -7,8 +7,12 @@ The reference is transformers loading the same id through the same cache."""
 from __future__ import annotations
 
 import hashlib
+import http.server
 import os
 import shutil
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -158,3 +162,69 @@ def test_a_snapshot_link_out_of_the_cache_is_refused(cache, tmp_path):
     target.symlink_to(outside)
     with pytest.raises(CheckpointError, match="outside"):
         bertfast.from_pretrained("org/tiny", cache_dir=cache)
+
+
+# ---------------------------------------------------------------- a Hub that answers
+class _Hub(http.server.BaseHTTPRequestHandler):
+    """The Hub's answers to the first request of a download (the repository's
+    revision), in its error protocol (``X-Error-Code``), which huggingface_hub maps to
+    its exceptions."""
+
+    def do_GET(self):
+        code, error = 404, "RepoNotFound"
+        if "/revision/nope" in self.path:
+            code, error = 404, "RevisionNotFound"
+        elif "/gated/" in self.path:
+            code, error = 403, "GatedRepo"
+        body = b'{"error": "refused by the test Hub"}'
+        self.send_response(code)
+        self.send_header("X-Error-Code", error)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+CASES = """
+import bertfast, sys
+for repo, revision in (("org/absent", None), ("org/tiny", "nope"), ("org/gated", None)):
+    try:
+        bertfast.from_pretrained(repo, revision=revision)
+    except bertfast.CheckpointError as exc:
+        print(type(exc).__name__, "|", exc)
+"""
+
+
+def test_hub_errors_online_are_one_line_each(tmp_path):
+    # a fresh process (huggingface_hub reads HF_ENDPOINT at import), online, against a
+    # Hub on 127.0.0.1; and with nothing listening there, "cannot be reached"
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    env = dict(os.environ, HF_HUB_OFFLINE="0", HF_HUB_CACHE=str(tmp_path / "cache"))
+    env["HF_ENDPOINT"] = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", CASES], env=env, capture_output=True, text=True, timeout=300
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3, out.stdout + out.stderr
+    assert lines[0].startswith("CheckpointNotFoundError | no model 'org/absent' on the Hugging")
+    assert lines[1].startswith("CheckpointNotFoundError | org/tiny has no revision 'nope'")
+    assert (
+        lines[2].startswith("CheckpointError | org/gated is a gated model") and "token=" in lines[2]
+    )
+    # the endpoint gone: no answer at all
+    out = subprocess.run(
+        [sys.executable, "-c", CASES.replace('("org/tiny", "nope"), ("org/gated", None)', "")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "is not in the Hugging Face cache" in out.stdout and "cannot be reached" in out.stdout
