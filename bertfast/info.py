@@ -10,13 +10,15 @@ from .ops.dispatch import backend_status
 
 
 def build_info() -> dict[str, object]:
-    """What ``bertfast._C`` was built with, or why it is missing."""
-    try:
-        from . import _C
-    except ImportError as exc:  # pragma: no cover - only without a build
-        return {"native": False, "error": str(exc)}
-    info = dict(_C.build_info())
+    """What ``bertfast._C`` was built with (``torch``: the torch it was built
+    against), or why it cannot be loaded."""
+    from .ops import native
+
+    if native.IMPORT_ERROR is not None:  # pragma: no cover - only without a usable build
+        return {"native": False, "error": native.IMPORT_ERROR, "torch": native.BUILT_TORCH}
+    info = dict(native._C.build_info())
     info["native"] = True
+    info["torch"] = native.BUILT_TORCH
     archs = [a for a in str(info.get("cuda_archs") or "").split(",") if a]
     info["cuda_archs"] = [f"sm_{a}" for a in archs]
     return info

@@ -149,3 +149,30 @@ def test_ci_compiles_the_cuda_kernels():
     assert 'BERTFAST_BUILD_CUDA = { env = "BERTFAST_BUILD_CUDA"' in pyproject
     cmake = (root / "CMakeLists.txt").read_text(encoding="utf-8")
     assert "NOT BERTFAST_BUILD_CUDA" in cmake and "CPU-only torch" in cmake
+
+
+def test_build_records_the_torch_it_was_built_against():
+    # a pybind11 extension links torch's C++ symbols: built against one torch, it only
+    # loads with that one; the build says which, and `bertfast info` shows it
+    info = bertfast.build_info()
+    assert info["native"] and info["torch"] is not None
+    assert info["torch"].split("+")[0] == torch.__version__.split("+")[0]
+
+
+def test_a_build_for_another_torch_is_named_not_traced(tmp_path):
+    from bertfast.ops import native
+
+    so = tmp_path / "_C.cpython-311-x86_64-linux-gnu.so"
+    (tmp_path / "_C.torch-version").write_text("2.11.0+cu130\n")
+    assert native.built_torch_version(str(so)) == "2.11.0+cu130"
+    assert native.built_torch_version(str(tmp_path / "elsewhere" / "x.so")) is None
+    loader = ImportError("_C.so: undefined symbol: _ZN3c104impl3cow23materialize_cow_storage")
+    why = native.import_problem(loader, str(so), "2.11.0+cu130", "2.13.0+cpu")
+    assert "built against torch 2.11.0+cu130, but torch 2.13.0+cpu is running" in why
+    assert "torch==2.11.0" in why and "undefined symbol" not in why and "\n" not in why
+    # same torch, another failure: the loader's first line; no build at all: "not built"
+    why = native.import_problem(loader, str(so), "2.13.0", "2.13.0+cpu")
+    assert why.startswith("bertfast._C cannot be loaded (_C.so: undefined symbol")
+    assert native.import_problem(ImportError("No module named x"), None, None, "2.13.0") == (
+        "bertfast._C is not built (No module named x)"
+    )

@@ -93,6 +93,7 @@ def run(args) -> int:
             f"  C++ compiler : {build.get('cxx_compiler') or 'unknown'}"
             f"{', OpenMP' if build.get('openmp') else ''}"
         )
+        print(f"  built with   : torch {build.get('torch') or 'unknown'}")
         if build.get("cuda"):
             archs = ", ".join(build.get("cuda_archs") or []) or "none"
             print(f"  CUDA         : {build.get('cuda_version')} (archs: {archs})")

@@ -14,16 +14,54 @@ build (the Triton backend reads its limits and codes there);
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import torch
 from torch import Tensor
 
+
+def built_torch_version(origin: str | None) -> str | None:
+    """The torch version the extension at ``origin`` was built against (the
+    ``_C.torch-version`` file the build installs beside it), None when unknown."""
+    if not origin:
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(origin), "_C.torch-version")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def import_problem(exc: BaseException, origin: str | None, built: str | None, running: str):
+    """Why ``bertfast._C`` did not load, in one line: not built, built against another
+    torch (which a pybind11 extension cannot load with: it links torch's C++ symbols),
+    or the loader's own message."""
+    if origin is None:
+        return f"bertfast._C is not built ({exc})"
+    if built is not None and built.split("+")[0] != running.split("+")[0]:
+        return (
+            f"bertfast._C was built against torch {built}, but torch {running} is running: "
+            f"rebuild bertfast with this torch (pip install --no-build-isolation "
+            f"--force-reinstall --no-deps bertfast, or the same from a clone) or install "
+            f"torch=={built.split('+')[0]}"
+        )
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"bertfast._C cannot be loaded ({first}; built against torch {built or '?'})"
+
+
+_ORIGIN = getattr(importlib.util.find_spec(f"{__package__.rsplit('.', 1)[0]}._C"), "origin", None)
 try:  # the backends stay importable (and say why) without a native build
     from .. import _C
-except ImportError as exc:  # pragma: no cover - only without a build
+except ImportError as exc:
     _C = None
-    IMPORT_ERROR: str | None = f"bertfast._C is not built ({exc})"
+    IMPORT_ERROR: str | None = import_problem(
+        exc, _ORIGIN, built_torch_version(_ORIGIN), torch.__version__
+    )
 else:
     IMPORT_ERROR = None
+#: The torch version the extension was built against (None: unknown, or no build).
+BUILT_TORCH = built_torch_version(_ORIGIN)
 
 #: kernels/constants.h restated, in the shape of ``bertfast._C.constants()``: the source
 #: tree's values, there without a build (the Triton backend's limits and codes).
