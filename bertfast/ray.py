@@ -14,21 +14,22 @@ Ray Data (one model per actor, one actor per GPU on a GPU cluster)::
 ``BertfastPredictor`` is the callable class behind it, for ``Dataset.map_batches``
 directly. Ray Serve: ``serve.run(serve_app(path))`` answers ``POST /embed`` (the
 text-embeddings-inference API) and ``POST /v1/embeddings`` (the OpenAI API), with
-dynamic batching; ``bertfast serve`` runs it from the command line.
+dynamic batching; ``bertfast serve --ray`` runs it from the command line. Its request
+handling is the embedded server's (:mod:`bertfast.serving`); only the batching is Ray's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import collections
-import json
-import threading
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .serving import protocol
+from .serving.protocol import ROUTES, Limits, RequestError
 
 __all__ = [
     "BertfastPredictor",
@@ -415,29 +416,23 @@ def to_fixed_size_list(batch, column: str = "embedding", drop: Sequence[str] = (
 
 
 # ---------------------------------------------------------------- Ray Serve
-class RequestError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "Validation"):
-        super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+#: The routes of the Ray Serve app: the embedded server's, less /metrics (Ray Serve
+#: exports its own metrics).
+_SERVE_ROUTES = {path: spec for path, spec in ROUTES.items() if path != "/metrics"}
 
 
 class EmbeddingService:
     """The Ray Serve deployment behind :func:`serve_app` (plain HTTP ingress).
 
-    - ``POST /embed``: text-embeddings-inference: ``{"inputs": "text" | ["text", ...],
-      "normalize": bool, "truncate": bool}`` -> ``[[float, ...], ...]``; errors as
-      ``{"error": ..., "error_type": ...}``.
-    - ``POST /v1/embeddings``: OpenAI: ``{"input": "text" | ["text", ...],
-      "encoding_format": "float" | "base64", "model": ...}`` -> ``{"object": "list",
-      "data": [{"object": "embedding", "index": i, "embedding": ...}], "model": ...,
-      "usage": {...}}``; errors as ``{"error": {"message": ..., "type": ...}}``.
-    - ``GET /health``, ``GET /info`` (model, dim, limits), ``GET /stats`` (batches
-      run and their sizes).
-
-    Texts from concurrent requests are batched (``@serve.batch``, at most
-    ``max_batch_size`` texts per batch, waiting at most ``batch_wait_timeout_s`` for
-    a batch to fill). A request holding more than ``max_batch_size`` texts, or a
-    text longer than the model's limit (unless truncation is asked for), gets a 4xx.
+    It answers the routes of the embedded server (``POST /embed``, ``POST
+    /v1/embeddings``, ``GET /health``, ``/info``, ``/stats``; not ``/metrics``) through
+    the same code: :mod:`bertfast.serving.protocol` decides what a request means, what
+    is refused and what an answer looks like, :class:`~bertfast.serving.prepare.Preparer`
+    parses and tokenises it (in a worker thread, off the replica's event loop), and
+    :func:`~bertfast.serving.batcher.embed_items` runs the model. Only the batching is
+    Ray's: ``@serve.batch`` groups requests, at most ``max_batch_size`` texts per batch,
+    waiting at most ``batch_wait_timeout_s`` for a batch to fill; a request may hold at
+    most ``limits.max_client_batch_size`` texts (at most ``max_batch_size``).
     """
 
     def __init__(
@@ -448,261 +443,101 @@ class EmbeddingService:
         auto_truncate: bool = False,
         model_name: str | None = None,
         embedder_kwargs: dict | None = None,
+        api_key: str | None = None,
+        limits: dict | None = None,
     ):
         from ray import serve
-        from tokenizers import Tokenizer as RustTokenizer
+
+        from .serving.batcher import BatchStats
+        from .serving.prepare import Preparer
 
         kwargs = dict(embedder_kwargs or {})
         self.encode_batch_size = int(kwargs.pop("encode_batch_size", 32))
         self.embedder = load_embedder(path, **kwargs)
         self.max_batch_size = int(max_batch_size)
         self.auto_truncate = bool(auto_truncate)
-        self.model_name = model_name or (Path(path).name if path else "all-MiniLM-L6-v2")
-        # A private copy of the tokenizer counts tokens (without truncation) while the
-        # model's own tokenizer may be busy in the batch thread.
-        from .tokenizer import Tokenizer
+        self.api_key = api_key
+        self.limits = Limits(**(limits or {"max_client_batch_size": self.max_batch_size}))
+        if path is None:
+            from .embedder import default_checkpoint
 
-        backend = RustTokenizer.from_str(self.embedder.tokenizer.backend.to_str())
-        backend.no_padding()
-        self.counter = Tokenizer(backend, self.embedder.tokenizer.pad_token_id)
-        self.limit = self.embedder.max_length
-        self.lock = threading.Lock()
-        self.batch_requests: collections.Counter = collections.Counter()
-        self.batch_texts: collections.Counter = collections.Counter()
+            path = default_checkpoint()
+        self.model_name = model_name or protocol.model_name(path)
+        self.preparer = Preparer(self.embedder, self.limits, auto_truncate=self.auto_truncate)
+        self.batch_stats = BatchStats()
         self.embed_batched = serve.batch(
             max_batch_size=self.max_batch_size,
             batch_wait_timeout_s=batch_wait_timeout_s,
-            batch_size_fn=lambda items: sum(len(item[0]) for item in items),
+            batch_size_fn=lambda items: sum(len(item) for item in items),
         )(self._run_batch)
 
     # ------------------------------------------------------------ batching
-    async def _run_batch(self, items: list[tuple[list[str], bool, bool]]) -> list[np.ndarray]:
+    async def _run_batch(self, items: list) -> list[np.ndarray]:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self._compute, items)
 
-    def _compute(self, items):
-        with self.lock:
-            self.batch_requests[len(items)] += 1
-            self.batch_texts[sum(len(texts) for texts, _, _ in items)] += 1
-            # One model call per (normalize, truncate) combination in the batch.
-            groups: dict[tuple[bool, bool], list[int]] = collections.defaultdict(list)
-            for i, (_, normalize, truncate) in enumerate(items):
-                groups[(normalize, truncate)].append(i)
-            results: list[np.ndarray | None] = [None] * len(items)
-            for (normalize, _), members in groups.items():
-                texts = [t for i in members for t in items[i][0]]
-                vectors = self.embedder.encode(
-                    texts,
-                    batch_size=self.encode_batch_size,
-                    normalize=normalize,
-                    show_progress=False,
-                )
-                at = 0
-                for i in members:
-                    n = len(items[i][0])
-                    results[i] = vectors[at : at + n]
-                    at += n
-            return results
+    def _compute(self, prepared: list) -> list[np.ndarray]:
+        """One Ray batch: every request's texts in one :func:`embed_items` call."""
+        from .serving.batcher import embed_items
 
-    # ------------------------------------------------------------ validation
-    def _texts(self, value, name: str) -> list[str]:
-        if isinstance(value, str):
-            return [value]
-        if not isinstance(value, list):
-            raise RequestError(
-                422, f"'{name}' must be a string or a list of strings, not {_json_kind(value)}"
-            )
-        if not value:
-            raise RequestError(400, f"'{name}' is an empty list: send at least one text", "Empty")
-        for i, text in enumerate(value):
-            if not isinstance(text, str):
-                raise RequestError(422, f"'{name}[{i}]' must be a string, not {_json_kind(text)}")
-        if len(value) > self.max_batch_size:
-            raise RequestError(
-                413,
-                f"'{name}' holds {len(value)} texts, more than the batch "
-                f"limit of {self.max_batch_size}; split the request",
-            )
-        return value
-
-    def _check_lengths(self, texts: list[str], name: str, truncate: bool) -> int:
-        """Token count of the request; a text over the limit is an error unless truncated.
-
-        A long text is only counted up to the limit + 1 (``Tokenizer.count``), so a
-        megabyte text costs what a short one does; a text that cannot be tokenised (a
-        lone surrogate) is a 422 that names it."""
-        from .text import TextError
-
-        try:
-            counts = self.counter.count(texts, at_most=self.limit)
-        except TextError as exc:
-            raise RequestError(422, f"'{name}[{exc.index}]' {exc.reason}") from None
-        if self.limit is not None:
-            if truncate:
-                counts = [min(c, self.limit) for c in counts]
-            else:
-                for i, count in enumerate(counts):
-                    if count > self.limit:
-                        # limit + 1 may stand for any larger count (counting stopped).
-                        size = (
-                            f"{count} tokens, more than the model's limit of {self.limit}"
-                            if count > self.limit + 1
-                            else f"more than {self.limit} tokens, the model's limit"
-                        )
-                        raise RequestError(
-                            413,
-                            f"'{name}[{i}]' has {size}; shorten it or ask for truncation",
-                        )
-        return sum(counts)
-
-    @staticmethod
-    async def _json(request) -> Any:
-        body = await request.body()
-        try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RequestError(400, f"the request body is not JSON: {exc}", "Parse") from None
+        items = [item for p in prepared for item in p.items]
+        flags = [p.request.normalize for p in prepared for _ in p.items]
+        vectors = embed_items(
+            self.embedder, items, flags, batch_size=self.encode_batch_size, max_tokens=16384
+        )
+        self.batch_stats.record(len(prepared), len(items), sum(p.tokens for p in prepared))
+        out, at = [], 0
+        for p in prepared:
+            out.append(vectors[at : at + len(p)])
+            at += len(p)
+        return out
 
     # ------------------------------------------------------------ endpoints
-    async def embed(self, request) -> Any:
-        data = await self._json(request)
-        if not isinstance(data, dict) or "inputs" not in data:
-            raise RequestError(
-                422, "expected a JSON object with 'inputs' (a string or a list of strings)"
-            )
-        texts = self._texts(data["inputs"], "inputs")
-        normalize = data.get("normalize", True)
-        truncate = data.get("truncate", self.auto_truncate)
-        for key, value in (("normalize", normalize), ("truncate", truncate)):
-            if not isinstance(value, bool):
-                raise RequestError(422, f"'{key}' must be true or false, not {_json_kind(value)}")
-        self._check_lengths(texts, "inputs", truncate)
-        vectors = await self.embed_batched((texts, normalize, truncate))
-        return np.asarray(vectors).tolist()
+    async def embed(self, request, path: str) -> bytes:
+        body = await request.body()
+        loop = asyncio.get_running_loop()
+        prepared = await loop.run_in_executor(None, self.preparer.prepare, path, body)
+        vectors = await self.embed_batched(prepared)
+        return protocol.embed_response(prepared.request, vectors, prepared.tokens, self.model_name)
 
-    async def openai(self, request) -> Any:
-        data = await self._json(request)
-        if not isinstance(data, dict) or "input" not in data:
-            raise RequestError(
-                400, "expected a JSON object with 'input' (a string or a list of strings)"
-            )
-        value = data["input"]
-        if (
-            isinstance(value, list)
-            and value
-            and all(isinstance(v, int) for v in value)
-            or (isinstance(value, list) and value and isinstance(value[0], list))
-        ):
-            raise RequestError(400, "'input' as token ids is not supported: send text")
-        texts = self._texts(value, "input")
-        fmt = data.get("encoding_format", "float")
-        if fmt not in ("float", "base64"):
-            raise RequestError(400, f"'encoding_format' must be 'float' or 'base64', not {fmt!r}")
-        dims = data.get("dimensions")
-        if dims is not None and dims != self.embedder.dim:
-            raise RequestError(
-                400, f"'dimensions' must be {self.embedder.dim} (this model's size), not {dims!r}"
-            )
-        tokens = self._check_lengths(texts, "input", self.auto_truncate)
-        vectors = np.asarray(
-            await self.embed_batched((texts, True, self.auto_truncate)), dtype=np.float32
+    def stats(self) -> dict[str, Any]:
+        return self.batch_stats.as_dict()
+
+    def info(self) -> dict[str, Any]:
+        info = protocol.describe_model(self.embedder, self.model_name)
+        info.update(
+            server="ray",
+            auto_truncate=self.auto_truncate,
+            max_batch_size=self.max_batch_size,
+            api_key=self.api_key is not None,
+            **dataclasses.asdict(self.limits),
         )
-        items = []
-        for i, vector in enumerate(vectors):
-            if fmt == "base64":
-                encoded: Any = base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-            else:
-                encoded = vector.tolist()
-            items.append({"object": "embedding", "index": i, "embedding": encoded})
-        return {
-            "object": "list",
-            "data": items,
-            "model": data.get("model") or self.model_name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-
-    def stats(self, request=None) -> dict[str, Any]:
-        with self.lock:
-            requests = dict(self.batch_requests)
-            texts = dict(self.batch_texts)
-        return {
-            "batches": sum(requests.values()),
-            "requests": sum(k * v for k, v in requests.items()),
-            "texts": sum(k * v for k, v in texts.items()),
-            "max_requests_per_batch": max(requests, default=0),
-            "max_texts_per_batch": max(texts, default=0),
-            "requests_per_batch": {str(k): v for k, v in sorted(requests.items())},
-            "texts_per_batch": {str(k): v for k, v in sorted(texts.items())},
-        }
-
-    def info(self, request=None) -> dict[str, Any]:
-        return {
-            "model": self.model_name,
-            "dim": self.embedder.dim,
-            "max_input_tokens": self.limit,
-            "max_batch_size": self.max_batch_size,
-            "normalize": self.embedder.normalize,
-            "pooling": list(self.embedder.pooling),
-            "auto_truncate": self.auto_truncate,
-            "device": str(self.embedder.device),
-        }
+        return info
 
     async def __call__(self, request):
-        from starlette.responses import JSONResponse
+        from starlette.responses import Response
 
         path = request.url.path.rstrip("/") or "/"
-        routes = {
-            "/embed": ("POST", self.embed),
-            "/v1/embeddings": ("POST", self.openai),
-            "/health": ("GET", None),
-            "/info": ("GET", self.info),
-            "/stats": ("GET", self.stats),
-        }
-        openai = path == "/v1/embeddings"
         try:
-            if path not in routes:
-                raise RequestError(
-                    404, f"no endpoint {path}; POST /embed or /v1/embeddings", "NotFound"
-                )
-            method, handler = routes[path]
-            if request.method != method:
-                raise RequestError(
-                    405, f"{path} takes {method}, not {request.method}", "MethodNotAllowed"
-                )
-            if handler is None:
-                return JSONResponse({"status": "ok"})
-            result = handler(request)
-            if asyncio.iscoroutine(result):
-                result = await result
-            return JSONResponse(result)
-        except RequestError as exc:
-            status = exc.status
-            if openai:  # the OpenAI API answers every invalid request with 400
-                status = 400 if status in (413, 422) else status
-                body = {
-                    "error": {
-                        "message": exc.message,
-                        "type": "invalid_request_error",
-                        "param": None,
-                        "code": None,
-                    }
-                }
+            if path not in _SERVE_ROUTES or request.method != _SERVE_ROUTES[path][0]:
+                raise protocol.route_error(path, request.method, _SERVE_ROUTES)
+            if _SERVE_ROUTES[path][1]:
+                protocol.check_api_key(request.headers.get("authorization"), self.api_key)
+            if path in (protocol.TEI, protocol.OPENAI):
+                body = await self.embed(request, path)
             else:
-                body = {"error": exc.message, "error_type": exc.kind}
-            return JSONResponse(body, status_code=status)
-
-
-def _json_kind(value) -> str:
-    if value is None:
-        return "null"
-    return {
-        bool: "a boolean",
-        int: "a number",
-        float: "a number",
-        str: "a string",
-        list: "a list",
-        dict: "an object",
-    }.get(type(value), type(value).__name__)
+                result = {
+                    "/health": lambda: {"status": "ok"},
+                    "/info": self.info,
+                    "/stats": self.stats,
+                }[path]()
+                body = protocol.json_bytes(result)
+            return Response(body, media_type="application/json")
+        except Exception as exc:
+            if not isinstance(exc, RequestError):
+                exc = protocol.model_failed(exc)
+            status, body, headers = protocol.error_response(path, exc)
+            return Response(body, status, headers, media_type="application/json")
 
 
 def serve_app(
@@ -716,17 +551,27 @@ def serve_app(
     auto_truncate: bool = False,
     model_name: str | None = None,
     max_ongoing_requests: int | None = None,
+    api_key: str | None = None,
+    limits: Limits | None = None,
     **embedder_kwargs,
 ):
     """A Ray Serve application embedding texts over HTTP (see :class:`EmbeddingService`):
-    run it with ``serve.run(serve_app(...))`` or ``bertfast serve``.
+    run it with ``serve.run(serve_app(...))`` or ``bertfast serve --ray``.
 
-    ``max_batch_size`` texts at most per model batch (and per request);
-    ``batch_wait_timeout_s``: how long a batch waits to fill; ``num_replicas`` copies
-    of the model, each with ``num_cpus`` / ``num_gpus``; ``auto_truncate``: truncate
-    long texts instead of refusing them (a TEI request may still ask with
-    ``"truncate": true``). ``embedder_kwargs``: ``device``, ``dtype``, ``backend``,
+    ``max_batch_size`` texts at most per model batch; ``batch_wait_timeout_s``: how long
+    a batch waits to fill; ``num_replicas`` copies of the model, each with ``num_cpus`` /
+    ``num_gpus``; ``auto_truncate``: truncate long texts instead of refusing them (a TEI
+    request may still ask with ``"truncate": true``); ``model_name``: the name answered
+    (default: the checkpoint folder's); ``api_key``: required as ``Authorization: Bearer
+    <key>`` on every route but ``/health``; ``limits``: per request
+    (:class:`bertfast.serving.protocol.Limits`; default: ``max_batch_size`` texts, whose
+    maximum it also is). ``embedder_kwargs``: ``device``, ``dtype``, ``backend``,
     ``max_length``, ``pooling``, ``normalize``, ``encode_batch_size``.
+
+    The HTTP host (``serve.start(http_options=...)``) binds Ray Serve's proxy only; the
+    cluster's own processes (GCS server, raylet, workers) listen on all interfaces, and
+    ``ray start --node-ip-address`` only sets the address a node advertises: keep the
+    cluster on a private network or behind a firewall.
     """
     _import_ray("serve_app")
     from ray import serve
@@ -740,6 +585,15 @@ def serve_app(
         raise TypeError(f"serve_app() got unexpected arguments {sorted(unknown)}")
     if "dtype" in embedder_kwargs:
         _torch_dtype(embedder_kwargs["dtype"])
+    if limits is None:
+        limits = Limits(max_client_batch_size=max_batch_size)
+    if limits.max_client_batch_size > max_batch_size:
+        raise ValueError(
+            f"limits.max_client_batch_size ({limits.max_client_batch_size}) must not exceed "
+            f"max_batch_size ({max_batch_size}): a request is one item of a Ray Serve batch"
+        )
+    if api_key == "":
+        raise ValueError("api_key must not be empty (None: no key)")
     actor_options: dict[str, Any] = {}
     if num_cpus is not None:
         actor_options["num_cpus"] = num_cpus
@@ -759,4 +613,6 @@ def serve_app(
         auto_truncate,
         model_name,
         dict(embedder_kwargs),
+        api_key,
+        dataclasses.asdict(limits),
     )

@@ -112,22 +112,26 @@ def test_count_names_the_text(embedder):
 
 
 def test_server_names_the_text(embedder):
-    """The server's token count (``EmbeddingService._check_lengths``, on its private
-    counting tokenizer) answers a bad or over-long text with a 4xx naming it; a long
-    text is counted only up to the limit."""
-    from types import SimpleNamespace
+    """The servers' request preparation (``bertfast.serving.prepare``, shared by the
+    embedded and the Ray Serve server) answers a bad or over-long text with a 4xx naming
+    it; a long text is counted only up to the limit (the embedder's, 64 tokens here)."""
+    import json
 
-    from bertfast.ray import EmbeddingService, RequestError
+    from bertfast.serving.prepare import Preparer
+    from bertfast.serving.protocol import Limits, RequestError
 
-    backend = RustTokenizer.from_str(embedder.tokenizer.backend.to_str())
-    service = SimpleNamespace(counter=Tokenizer(backend, 0), limit=16)
-    check = EmbeddingService._check_lengths
+    preparer = Preparer(embedder, Limits())
+
+    def prepare(route, body):
+        return preparer.prepare(route, json.dumps(body).encode())
+
     with pytest.raises(RequestError, match=r"^'inputs\[1\]' holds a lone surrogate") as info:
-        check(service, ["fine", LONE], "inputs", False)
+        prepare("/embed", {"inputs": ["fine", LONE]})
     assert info.value.status == 422
-    with pytest.raises(RequestError, match=r"'input\[0\]' has 42 tokens, more than") as info:
-        check(service, ["cat " * 40], "input", False)
+    with pytest.raises(RequestError, match=r"'input\[0\]' has 72 tokens, more than") as info:
+        prepare("/v1/embeddings", {"input": ["cat " * 70]})
     assert info.value.status == 413
-    with pytest.raises(RequestError, match=r"'input\[0\]' has more than 16 tokens") as info:
-        check(service, ["cat " * 100_000], "input", False)
-    assert check(service, ["cat " * 100_000, "cat"], "input", True) == 16 + 3
+    with pytest.raises(RequestError, match=r"'input\[0\]' has more than 64 tokens"):
+        prepare("/v1/embeddings", {"input": ["cat " * 100_000]})
+    truncated = prepare("/embed", {"inputs": ["cat " * 100_000, "cat"], "truncate": True})
+    assert truncated.tokens == 64 + 3

@@ -297,8 +297,8 @@ def test_report_summarises_logs_and_keeps_the_limits(tmp_path):
     assert "| 3 rest | TIMEOUT | ? | 1 |" in text and "cut at 83%" in text
     # a cut group still names the failures it printed as they happened
     assert (
-        "`tests/ops/test_nonfinite.py::test_y[fp16] (call): AssertionError: max abs diff 0.5 > 0.01`"
-        in text
+        "`tests/ops/test_nonfinite.py::test_y[fp16] (call): "
+        "AssertionError: max abs diff 0.5 > 0.01`" in text
     )
     assert "tests.test_a::test_bad: assert 1 == 2" in text
     assert "1 x needs a thing" in text

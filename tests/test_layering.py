@@ -58,6 +58,10 @@ LAYERS = [
             "bertfast.tune",  # bertfast tune: winners tables from GPU sweeps
             "bertfast.bench",
             "bertfast.bench.*",
+            # the HTTP servers' shared request handling and the embedded server;
+            # bertfast.ray's Ray Serve deployment imports it
+            "bertfast.serving",
+            "bertfast.serving.*",
             # LangChain / LlamaIndex adapters around the embedder
             "bertfast.integrations",
             "bertfast.integrations.*",

@@ -1,5 +1,7 @@
-"""Ray Serve: ``bertfast.ray.serve_app`` and ``bertfast serve`` over real HTTP on
-localhost, on a local 2-CPU Ray cluster started here.
+"""Ray Serve: ``bertfast.ray.serve_app`` and ``bertfast serve --ray`` over real HTTP on
+localhost, on a local 2-CPU Ray cluster started here. The request handling is the
+embedded server's (bertfast.serving.protocol, tests/test_server.py); these tests check
+that the Ray deployment answers through it.
 
 The reference is :meth:`bertfast.Embedder.encode` (normalised, as both APIs answer
 by default) of the same texts in this process.
@@ -27,6 +29,7 @@ serve = pytest.importorskip("ray.serve")
 
 from bertfast.embedder import Embedder  # noqa: E402
 from bertfast.ray import serve_app  # noqa: E402
+from bertfast.serving.protocol import Limits  # noqa: E402
 
 from . import tiny_embedder  # noqa: E402
 
@@ -83,6 +86,7 @@ def test_serve_command(ckpt, reference, tmp_path):
             "-m",
             "bertfast",
             "serve",
+            "--ray",
             "--model",
             str(ckpt),
             "--port",
@@ -183,10 +187,16 @@ def test_openai_endpoint(server, reference):
     np.testing.assert_allclose(body, reference.encode([long_text], normalize=True), atol=1e-5)
 
 
+NESTED = b"[" * 50_000
+SURROGATE = b'{"inputs": ["ok", "\\ud800"]}'
+
+
 @pytest.mark.parametrize(
     "path,body,raw,status,words",
     [
         ("/embed", None, b"{not json", 400, "not JSON"),
+        ("/embed", None, NESTED, 400, "nested too deeply"),
+        ("/embed", None, SURROGATE, 422, "'inputs[1]' holds a lone surrogate"),
         ("/embed", {"inputs": []}, None, 400, "empty"),
         ("/embed", {"inputs": ["ok", 3]}, None, 422, "inputs[1]' must be a string"),
         ("/embed", {"inputs": [None]}, None, 422, "must be a string, not null"),
@@ -216,3 +226,5 @@ def test_serve_app_arguments():
         serve_app(None, max_batch_size=0)
     with pytest.raises(TypeError, match="unexpected"):
         serve_app(None, colour="blue")
+    with pytest.raises(ValueError, match="must not exceed max_batch_size"):
+        serve_app(None, max_batch_size=8, limits=Limits(max_client_batch_size=16))

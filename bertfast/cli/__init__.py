@@ -4,7 +4,7 @@
     bertfast encode [CKPT] --input texts.txt --output vectors.npy
                                        (.txt/.jsonl/.csv/.parquet -> .npy/.parquet/.jsonl,
                                        streamed; --ray [ADDRESS] for Ray Data)
-    bertfast serve  [--model CKPT]     HTTP embedding server on Ray Serve
+    bertfast serve  [--model CKPT]     HTTP embedding server (one process; --ray for Ray Serve)
     bertfast check  [CKPT]             bertfast vs transformers on sample sentences
     bertfast tune   ...                time kernel candidates, write this GPU's winners
     bertfast bench  ...                benchmarks (on bertfast.bench)

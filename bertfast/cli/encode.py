@@ -82,6 +82,7 @@ def add_parser(sub) -> None:
     )
     options.add_switch(p, "normalize", "L2-normalise the vectors (default: as the checkpoint says)")
     options.add_progress(p)
+    options.add_threads(p)
     encode_ray.add_options(p)
     p.set_defaults(func=run)
 
@@ -114,6 +115,16 @@ def run(args) -> int:
     from ..validate import CheckpointError
 
     args.keep = [k for item in (args.keep or []) for k in item.split(",") if k]
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UserError(f"--threads must be at least 1, not {args.threads}")
+        if args.ray is not None:
+            raise UserError(
+                "--threads sets this process's torch threads; with --ray use --cpus-per-actor"
+            )
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.ray is not None:
         return encode_ray.run(args)
     args.device = args.device or "cpu"
