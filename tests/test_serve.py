@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +25,7 @@ import pytest
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
+from bertfast.bench.serving import free_port  # noqa: E402
 from bertfast.embedder import Embedder  # noqa: E402
 from bertfast.ray import serve_app  # noqa: E402
 from bertfast.serving.protocol import Limits  # noqa: E402
@@ -36,21 +35,6 @@ from . import tiny_embedder  # noqa: E402
 pytestmark = pytest.mark.slow
 MAX_BATCH = 16
 LIMIT = 64  # the tiny checkpoint's position table
-
-
-def free_port() -> int:
-    """A free port between Ray's worker ports (10002-19999) and Linux's ephemeral range
-    (32768-60999), so that no process Ray starts meanwhile takes it."""
-    rng = random.Random()
-    for _ in range(100):
-        port = rng.randint(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port between 20000 and 32000")
 
 
 def call(base, path, body=None, method=None, raw=None, timeout=120):
