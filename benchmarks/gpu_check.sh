@@ -9,12 +9,11 @@
 #   install          only the install, which every other stage runs first (skipped when
 #                    up to date): it builds the CUDA extension for this GPU (~40 s)
 #   tests        (a) pytest with the GPU visible, in file groups, each its own run:
-#                    1. the GPU files no GPU run has finished (flash attention,
-#                    candidates, epilogue, graphs, winners), 2. the files the first GPU
-#                    run left unfinished, 3. the rest of tests/ (pytest-xdist workers,
+#                    1. the files that failed on the last GPU run (fixed since),
+#                    2. the files no GPU run has reached, 3. the rest of tests/ (pytest-xdist workers,
 #                    tests spread one by one, when installed); each failure is printed
 #                    as it happens (BERTFAST_TEST_EARLY_FAILURES), so a cut run names them
-#   sanitize     (a) compute-sanitizer memcheck, racecheck, synccheck, initcheck over the
+#   sanitize     (a) compute-sanitizer memcheck, racecheck, synccheck over the
 #                    CUDA kernel tests (small shapes), checking bertfast's own kernels
 #                    only (--kernel-name kns=bertfast: namespace bertfast::cuda)
 #   sweep-attention (b) benchmarks/gpu_sweep_attention.py: every attention candidate
@@ -244,14 +243,24 @@ else
 fi
 
 # ------------------------------------------------------------------ (a) tests
-# The GPU files no GPU run has finished (the H200 run of benchmarks/results/gpu-h200 was
-# cut inside them with two failures unnamed), then the files the first GPU run
-# (benchmarks/results/gpu-h100-sxm) left unfinished; those not in this checkout are
-# left out (and named).
-NEW_GPU=(tests/ops/test_cuda_flash_attention.py tests/ops/test_attention_candidates.py
-  tests/ops/test_cuda_epilogue.py tests/test_graphs.py tests/test_winners.py)
-UNFINISHED=(tests/ops/test_nonfinite.py tests/ops/test_triton_backend.py
-  tests/test_host_syncs.py tests/test_user_errors.py tests/test_build.py)
+# First the files that failed on the last GPU run (the H100 run of
+# benchmarks/results/gpu-h100: fixed since, to be confirmed), then the files no GPU run
+# has reached (that run's rest group was stopped at 31 failures after 18 files); those
+# not in this checkout are left out (and named).
+NEW_GPU=(tests/test_graphs.py tests/ops/test_cuda_epilogue.py tests/test_user_errors.py
+  tests/test_quantize.py tests/ops/test_cpu_encoder_layer.py tests/test_text_cut.py)
+UNFINISHED=(tests/test_compile.py tests/test_fast_path.py tests/test_embedder.py
+  tests/test_heads.py tests/test_memory.py tests/test_model_inputs.py tests/test_stream.py
+  tests/test_padded_positions.py tests/ops/test_opcheck.py tests/ops/test_triton_sm90_compile.py
+  tests/ops/test_backend_coverage.py tests/ops/test_dispatch.py tests/ops/test_native_constants.py
+  tests/ops/test_pack.py tests/ops/test_reference.py tests/test_accuracy_contract.py
+  tests/test_bad_text.py tests/test_cli.py tests/test_corpus.py tests/test_docs.py
+  tests/test_embedder_st_habits.py tests/test_encode_reliability.py tests/test_hub.py
+  tests/test_integrations.py tests/test_layering.py tests/test_layering_native.py
+  tests/test_low_precision_info.py tests/test_presets.py tests/test_server.py
+  tests/test_bench_isolation.py tests/test_bench_peers.py tests/test_bench_smoke.py
+  tests/test_gpu_check.py tests/test_gpu_sweep_ops.py tests/test_serve_bench.py
+  tests/test_ray_data.py tests/test_serve.py)
 SANITIZED=(tests/ops/test_cuda_backend.py tests/ops/test_cuda_flash_attention.py
   tests/ops/test_cuda_epilogue.py)
 
@@ -326,11 +335,20 @@ stage_sanitize() {
   local total="$1" log="$OUT/sanitize.log" rc=0 r tool limit files opt
   mapfile -t files < <(present "${SANITIZED[@]}")
   opt="$(kernel_filter_option)"
-  for tool in memcheck racecheck synccheck initcheck; do
+  # No initcheck: with the kernel filter it does not see the writes of torch's own
+  # kernels, so it reported torch's .item() copy of a tensor a torch kernel had written
+  # as uninitialised (H100 run, benchmarks/results/gpu-h100); unfiltered, it checks
+  # torch rather than bertfast.
+  local k
+  for tool in memcheck racecheck synccheck; do
+    k="$SAN_K"
     case $tool in  # shares of the stage: memcheck and racecheck are the slow ones
-      memcheck|racecheck) limit=$(( total * 30 / 100 )) ;;
-      synccheck) limit=$(( total * 15 / 100 )) ;;
-      initcheck) limit=$(( total * 25 / 100 )) ;;
+      memcheck) limit=$(( total * 40 / 100 )) ;;
+      racecheck) limit=$(( total * 40 / 100 ))
+        # racecheck itself failed ("failed to handle a hardware exception") inside
+        # cuBLASLt's GELU epilogue, run by torch's reference of linear_gelu (H100)
+        k="$k and not linear_gelu" ;;
+      synccheck) limit=$(( total * 20 / 100 )) ;;
     esac
     [ "$MODE" = run ] && printf '\n########## compute-sanitizer --tool %s\n' "$tool" >> "$log"
     # No caching allocator: each tensor is its own allocation, so an access past a
@@ -339,7 +357,7 @@ stage_sanitize() {
     # fmha, run unchecked).
     run "sanitize:$tool" "$log" "$limit" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
       compute-sanitizer --tool "$tool" "$opt" "$SAN_KERNELS" --error-exitcode 86 --print-limit 30 \
-      "$PY" -m pytest "${files[@]}" -q -p no:cacheprovider -k "$SAN_K"
+      "$PY" -m pytest "${files[@]}" -q -p no:cacheprovider -k "$k"
     r=$?
     [ "$MODE" = run ] && printf '########## %s exit status %s\n' "$tool" "$r" >> "$log"
     [ $r -ne 0 ] && rc=$r

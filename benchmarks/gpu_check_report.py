@@ -76,7 +76,7 @@ def _read(path: str) -> str:
 def versions() -> dict[str, str]:
     info: dict[str, str] = {}
     info["python"] = sys.version.split()[0]
-    for mod in ("torch", "triton", "transformers", "numpy", "bertfast"):
+    for mod in ("torch", "triton", "transformers", "tokenizers", "numpy", "bertfast"):
         try:
             m = __import__(mod)
             info[mod] = getattr(m, "__version__", "?")
@@ -91,6 +91,9 @@ def versions() -> dict[str, str]:
             info["device (torch)"] = f"{torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]})"
     except Exception:
         pass
+    cpu = _host_cpu()
+    if cpu:  # the CPU tests' paths depend on it (oneDNN's weight layout, AMX, AVX-512)
+        info["host CPU"] = cpu
     nvcc = _cmd(["nvcc", "--version"])
     if nvcc:
         info["nvcc"] = nvcc.splitlines()[-1]
@@ -107,6 +110,24 @@ def versions() -> dict[str, str]:
     if smi:
         info["nvidia-smi"] = smi.splitlines()[0]
     return info
+
+
+def _host_cpu() -> str:
+    """The host CPU's model name and its widest vector / matrix extensions."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    name = next(
+        (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")),
+        "?",
+    )
+    flags = next(
+        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
+    )
+    ext = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{name} ({os.cpu_count()} CPUs; {' '.join(ext) or 'no AVX2'})"
 
 
 def commit() -> str:

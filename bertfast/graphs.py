@@ -290,13 +290,13 @@ class _PaddedEntry:
         types = self.zeros
         if self.types is not None:
             if cfg.has_token_types:
-                flags += torch.aminmax(self.types)
+                flags += [*torch.aminmax(self.types)]
                 types = self.types.clamp(0, cfg.type_vocab_size - 1)
             else:
                 flags.append(self.types.any())
         top = cfg.max_position_embeddings - 1
         if self.pos is not None:
-            flags += torch.aminmax(self.pos)
+            flags += [*torch.aminmax(self.pos)]
             pos = self.pos.clamp(0, top)
         elif cfg.position_scheme == "roberta":  # counted over the batch's corner only
             real = (self.ids != cfg.pad_token_id) & in_seq & (self.row_ends < code)

@@ -519,18 +519,20 @@ class BertfastModel(nn.Module):
         if full:
             attention_mask = torch.ones(B, S, dtype=torch.int32, device=device)
 
-        # Device scalars of the value checks, in the order of ``checks``.
+        # Device scalars of the value checks, in the order of ``checks``. Each aminmax
+        # is unpacked into a list: torch 2.11's dynamo cannot add its result tuple to a
+        # list (``list += aminmax``), which broke ``torch.compile(model, fullgraph=True)``.
         scalars = [*torch.aminmax(input_ids)]
         if token_type_ids is not None:
             if cfg.has_token_types:
-                scalars += torch.aminmax(token_type_ids)
+                scalars += [*torch.aminmax(token_type_ids)]
             else:
                 scalars.append((token_type_ids != 0).any())
                 token_type_ids = None
         if cfg.has_token_types and token_type_ids is None:
             token_type_ids = torch.zeros(B, S, dtype=torch.long, device=device)
         if position_ids is not None:
-            scalars += torch.aminmax(position_ids)
+            scalars += [*torch.aminmax(position_ids)]
         elif cfg.position_scheme == "roberta":
             real = input_ids.ne(cfg.pad_token_id).long()
             position_ids = torch.cumsum(real, 1) * real + cfg.pad_token_id

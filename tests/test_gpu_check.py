@@ -102,22 +102,27 @@ def test_list_shows_every_stage_bounded(tmp_path):
     expected += ["check:float16", "check:bfloat16"] + (["sweep-ops"] if HAS_OPS_SWEEP else [])
     for stage in expected:
         assert stage in labels, labels
-    for tool in ("memcheck", "racecheck", "synccheck", "initcheck"):
+    for tool in ("memcheck", "racecheck", "synccheck"):
         assert f"sanitize:{tool}" in labels
+    # initcheck with the kernel filter flags torch's own writes; racecheck skips the
+    # cuBLASLt GELU epilogue it failed inside (both seen on an H100)
+    assert "sanitize:initcheck" not in labels
+    race = next(ln for ln in lines if ln.startswith("[sanitize:racecheck]"))
+    assert "not\\ linear_gelu" in race or "not linear_gelu" in race
     assert labels.index("winners") < labels.index("e2e")  # e2e takes the table
     assert any("--no-build-isolation --no-deps" in ln for ln in lines)
-    # the GPU files no run has finished first, then the first run's unfinished ones,
+    # the files that failed on the last GPU run first, then those no GPU run reached,
     # the rest of tests/ last without them; each names its failures as they happen
     assert labels.index("tests:new-gpu") < labels.index("tests:unfinished")
     assert labels.index("tests:unfinished") < labels.index("tests:rest")
     first = next(ln for ln in lines if ln.startswith("[tests:new-gpu]"))
-    assert "tests/ops/test_cuda_flash_attention.py" in first
+    assert "tests/test_graphs.py tests/ops/test_cuda_epilogue.py" in first
     assert "BERTFAST_TEST_EARLY_FAILURES=1" in first and "--dist load " in first
     second = next(ln for ln in lines if ln.startswith("[tests:unfinished]"))
-    assert "tests/ops/test_nonfinite.py tests/ops/test_triton_backend.py" in second
+    assert "tests/test_compile.py tests/test_fast_path.py" in second
     rest = next(ln for ln in lines if ln.startswith("[tests:rest]"))
-    assert " --ignore=tests/ops/test_nonfinite.py" in rest
-    assert " --ignore=tests/ops/test_cuda_flash_attention.py" in rest and "--dist loadfile" in rest
+    assert " --ignore=tests/test_compile.py" in rest and " --ignore=tests/test_graphs.py" in rest
+    assert "--dist loadfile" in rest
     # every command is bounded, each stage within a 10-minute call
     limits = _limits(result.stdout)
     assert limits and max(limits.values()) < 600

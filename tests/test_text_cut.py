@@ -511,11 +511,17 @@ def test_pair_claim(zoo):
     a, b = "a " * 2500, "b " * 3000
     naive = ref.encode(a[:800], b[:600]).ids  # 400 and 300 tokens: a looks longer
     whole = ref.encode(a, b).ids
-    assert naive != whole
     assert tok.tokenize([(a, b)], max_length)[0][0] == whole
+    assert tok.tokenize([(b, a)], max_length)[0][0] == ref.encode(b, a).ids
     # An even budget splits evenly: there the naive rule holds.
     even = _reference(tok, max_length + 1)
     assert even.encode(a[:800], b[:600]).ids == even.encode(a, b).ids
+    # Which side the reference gives an odd budget's extra token changed within
+    # tokenizers: 0.23.3 gives it to the longer text (then ``naive != whole``: the naive
+    # cut would be wrong), 0.23.2 (on the GPU machines) to the second text whatever the
+    # lengths (``naive == whole``). bertfast matched the reference above either way.
+    if naive == whole:
+        assert sum(ref.encode(b[:800], a[:600]).type_ids) == sum(ref.encode(b, a).type_ids)
 
 
 # ---------------------------------------------------------------- beyond the cap

@@ -50,9 +50,8 @@ def test_invalid_device_string(folder):
 def test_backend_that_cannot_run_is_refused_at_load(folder, monkeypatch, backend, dtype, reason):
     """Not at the first forward: from_pretrained itself refuses, naming who can."""
     calls = []
-    monkeypatch.setattr(
-        bertfast.model,
-        "load_checkpoint",
+    monkeypatch.setattr(  # by name: imports bertfast.model where nothing did yet
+        "bertfast.model.load_checkpoint",
         lambda *a, **k: (
             calls.append(a)
             or (_ for _ in ()).throw(AssertionError("weights were read before the backend check"))

@@ -65,11 +65,20 @@ def test_probe_reports_what_the_device_computes(device, dtype):
         # default approximate="none").
         assert expected == "erf"
     probe = ce.probe_gelu_form(torch._addmm_activation, device, dtype)
+    assert probe.decisive >= 1000
+    assert ce.epilogue_gelu_form(device, dtype) == probe.form
+    if device == "cuda" and probe.form == "other" and expected in ("erf", "tanh"):
+        # A form computed approximately: on an H100 in fp32, cuBLASLt's GELU matched
+        # tanh within 2e-5 at the four points by hand but was 0.38 of the erf/tanh
+        # separation off it at the probe's worst decisive point (a fast tanh). The
+        # probe declines such an epilogue (bertfast keeps its own GELU there, see
+        # benchmarks/results/gpu-h100); it must still lie nearer the form by hand.
+        other = "tanh" if expected == "erf" else "erf"
+        assert getattr(probe, f"err_{expected}") < getattr(probe, f"err_{other}"), probe
+        return
     assert probe.form == expected, probe
-    assert ce.epilogue_gelu_form(device, dtype) == expected
     # Many decisive points in every dtype, and a wide margin: the measured form sits
     # within a few percent of the erf/tanh separation, the other at about one.
-    assert probe.decisive >= 1000
     if expected in ("erf", "tanh"):
         other = "tanh" if expected == "erf" else "erf"
         assert getattr(probe, f"err_{expected}") < 0.1
