@@ -20,10 +20,10 @@ Forward pass (``H`` hidden, ``T`` real tokens of the batch):
 
 A batch with no padding skips the gathers of steps 3 and 6 (``PackInfo.dense``).
 On the ``cpu`` backend, in plain eager mode, steps 4 and 5 call the backend's
-implementations directly (``_plan`` / ``_layers_direct``: resolved once per
-backend, device and dtype; no per-call checks or dispatch), since the inputs were
-validated in step 1 and every activation is made here; see docs/design.md,
-"Per-call overhead and the CPU fast path".
+implementations directly (the backend's encoder runner, ``ops.encoder_runner``:
+``ops/cpu_encoder.py``; resolved once per backend, device and dtype; no per-call
+checks or dispatch), since the inputs were validated in step 1 and every activation
+is made here; see docs/design.md, "Per-call overhead and the CPU fast path".
 
 Host syncs: the value checks of step 1 and the packing counts of step 3 (real
 tokens, longest row) are read back to the host in one transfer; the ops after it
@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -52,9 +51,7 @@ from . import hub, ops
 from .checkpoint import encoder_weight_specs, file_backed, load_checkpoint
 from .config import EncoderConfig
 from .info import warn_if_slow_bf16
-from .ops import cpu as _cpu
 from .ops import cpu_weights as _cpu_weights
-from .ops import dispatch as _dispatch
 from .ops import quant as _quant
 from .outputs import EncoderOutput
 from .validate import first_few, load_options
@@ -104,9 +101,6 @@ def _as_parameter(tensor: torch.Tensor) -> nn.Parameter:
 #: ops.linear / ops.linear_gelu: what an owned fp32 CPU model keeps packed.
 _TABLES = re.compile(r"^embeddings\.(word|position|token_type)$")
 
-#: An encoder layer's linear layers, in order.
-_GEMMS = ("qkv", "attn_out", "ffn_in", "ffn_out")
-
 #: The weights ``quantize="int8"`` quantizes: the encoder layers' linear layers
 #: (see bertfast/ops/quant.py for why the projection, pooler and heads stay fp32).
 _QUANTIZED = re.compile(r"^layers\.\d+\.(qkv|attn_out|ffn_in|ffn_out)\.weight$")
@@ -120,25 +114,6 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
         ib = b.index if b.index is not None else torch.cuda.current_device()
         return ia == ib
     return True
-
-
-class _Plan(NamedTuple):
-    """The cpu backend's implementations of the encoder's ops, resolved once (see
-    ``BertfastModel._plan``); each takes the op's arguments without ``backend``."""
-
-    embed_layernorm: object
-    linear: object
-    linear_gelu: object
-    add_layernorm: object
-    attention_varlen: object
-
-
-def _param(mod: nn.Module, path: str) -> torch.Tensor:
-    """``mod.<a>.<b>`` by dict lookups (no ``nn.Module.__getattr__``)."""
-    *parts, leaf = path.split(".")
-    for part in parts:
-        mod = mod._modules[part]
-    return mod._parameters[leaf]
 
 
 class BertfastModel(nn.Module):
@@ -579,26 +554,9 @@ class BertfastModel(nn.Module):
         return out.view(info.batch, info.seqlen, *x.shape[1:])
 
     # ---------------------------------------------------------------- encoder
-    def _embed(self, ids, pos, types, plan: _Plan | None = None):
+    def _embed(self, ids, pos, types):
         cfg = self.config
         emb = self.embeddings
-        if plan is not None:  # direct calls: the arguments are right by construction
-            mods = emb._modules
-            h = plan.embed_layernorm(
-                ids,
-                pos,
-                types,
-                emb._parameters["word"],
-                emb._parameters["position"],
-                emb._parameters["token_type"] if types is not None else None,
-                mods["ln"]._parameters["weight"],
-                mods["ln"]._parameters["bias"],
-                cfg.layer_norm_eps,
-            )
-            if cfg.has_projection:
-                project = mods["project"]._parameters
-                h = plan.linear(h, project["weight"], project["bias"])
-            return h
         h = ops.embed_layernorm(
             ids,
             pos,
@@ -641,179 +599,28 @@ class BertfastModel(nn.Module):
                 states.append(h)
         return h
 
-    def _layers_direct(self, h, plan: _Plan, info, states=None):
-        """``_layers`` on packed tokens with the cpu backend's functions called
-        directly (``_plan``): no per-call checks or dispatch. The activations are
-        made here (shapes right by construction, dtype and device the model's), the
-        weights were checked at load (shapes) and when the plan was made (dtype,
-        device); the C++ bindings check every size they rely on regardless."""
-        cfg = self.config
-        eps, act = cfg.layer_norm_eps, cfg.hidden_act
-        nh, scale = cfg.num_heads, cfg.head_dim**-0.5
-        cu, max_len = info.cu_seqlens, info.max_seqlen
-        linear, linear_gelu = plan.linear, plan.linear_gelu
-        add_ln, attention = plan.add_layernorm, plan.attention_varlen
-        layers = self.layers._modules
-        schedule = cfg.layer_schedule()
-        # Zero rows up to a row count every GEMM runs on oneDNN at (a sequence of their
-        # own for attention, dropped at the end), and row blocks that keep activations
-        # small enough for malloc to reuse: see cpu_weights.layer_blocks.
-        rows = tokens = h.shape[0]
-        attn_blocks, blocks = [(0, rows, None)], [(0, rows)]
-        if schedule:
-            first = layers[str(schedule[0])]._modules
-            weights = [first[n]._parameters["weight"] for n in _GEMMS]
-            seq = info.seqlen if info.dense else None
-            rows, attn_blocks, blocks = _cpu_weights.layer_blocks(
-                tokens, weights, h.element_size(), seq
-            )
-        if rows != tokens:
-            h = torch.cat([h, h.new_zeros(rows - tokens, h.shape[1])])
-            cu = torch.cat([cu, cu.new_full((1,), rows)])
-            max_len = max(max_len, rows - tokens)
-        attn_blocks = [(b, e, cu if n is None else cu[: n + 1]) for b, e, n in attn_blocks]
-        blocks = [(b, e, None) for b, e in blocks]
-        spare = None  # a free [rows, H] tensor: a previous h no hidden state keeps
+    def _runner(self):
+        """The cpu backend's encoder runner (``ops.encoder_runner``) when this
+        forward may take it, else None (the ops then run through their public entry
+        points: checks, dispatch, custom-op registration).
 
-        ad = self._attention_dtype
-
-        def attention_block(L, x, cu_block, out):
-            qkv, proj, ln = L["qkv"]._parameters, L["attn_out"]._parameters, L["attn_ln"]
-            y = linear(x, qkv["weight"], qkv["bias"])
-            if ad is None:
-                ctx = attention(y, cu_block, max_len, nh, scale)
-            else:
-                ctx = attention(y.to(ad), cu_block, max_len, nh, scale).to(y.dtype)
-            a = linear(ctx, proj["weight"], None)
-            ln = ln._parameters
-            return add_ln(a, x, proj["bias"], ln["weight"], ln["bias"], eps, out=out)
-
-        def ffn_block(L, x, _, out):
-            ffn_in, ffn_out = L["ffn_in"]._parameters, L["ffn_out"]._parameters
-            f = linear_gelu(x, ffn_in["weight"], ffn_in["bias"], act)
-            o = linear(f, ffn_out["weight"], None)
-            ln = L["ffn_ln"]._parameters
-            return add_ln(o, x, ffn_out["bias"], ln["weight"], ln["bias"], eps, out=out)
-
-        def in_blocks(step, L, h, blocks):
-            """``step`` on each block of rows; in more than one block, each block's
-            LayerNorm writes its rows of the new h (cpu add_layernorm's ``out``)."""
-            nonlocal spare
-            if len(blocks) == 1:
-                return step(L, h, blocks[0][2], None)
-            out, spare = (spare if spare is not None else torch.empty_like(h)), None
-            for begin, end, extra in blocks:
-                step(L, h[begin:end], extra, out[begin:end])
-            spare = h if states is None else None
-            return out
-
-        # Few rows (every GEMM on the C++ GEMM, one block, fp32 attention): one native
-        # call per layer, the same kernels in the same order (cpu.encoder_layer).
-        whole = ad is None and len(attn_blocks) == 1 and len(blocks) == 1
-
-        def native_layer(L, x):
-            p = [L[n]._parameters for n in _GEMMS]
-            l1, l2 = L["attn_ln"]._parameters, L["ffn_ln"]._parameters
-            return _cpu.encoder_layer(
-                x, cu, max_len, nh, scale,
-                [q["weight"] for q in p], [q["bias"] for q in p],
-                (l1["weight"], l1["bias"], l2["weight"], l2["bias"]), act, eps,
-            )  # fmt: skip
-
-        for idx in schedule:
-            L = layers[str(idx)]._modules
-            out = native_layer(L, h) if whole else None
-            if out is not None:
-                h = out
-            else:
-                h = in_blocks(attention_block, L, h, attn_blocks)
-                h = in_blocks(ffn_block, L, h, blocks)
-            if states is not None:
-                states.append(h[:tokens])
-        return h[:tokens]
-
-    def _plan(self) -> _Plan | None:
-        """The cpu backend's implementations of the encoder's ops when this forward
-        may call them directly, else None (the ops then run through their public
-        entry points: checks, dispatch, custom-op registration).
-
-        Direct calls are taken in plain eager mode only (not while compiling or under
-        a torch_dispatch mode: those must see the registered ops) and only when the
-        backend ``backend`` (and ``BERTFAST_BACKEND``) resolves to is ``cpu`` for
-        every op of the encoder. The resolution is made once per (backend,
-        ``BERTFAST_BACKEND``, device, dtype) and cached; a model moved or cast
-        (``.to()``) resolves again."""
+        Taken in plain eager mode only (not while compiling or under a torch_dispatch
+        mode: those must see the registered ops). The runner is resolved once per
+        (backend, ``BERTFAST_BACKEND``, device, dtype) and cached; a model moved or
+        cast (``.to()``) resolves again."""
         if torch.compiler.is_compiling() or ops._dispatch_stack_len() != 0:
             return None
         word = self.embeddings._parameters["word"]
         key = (self.backend, os.environ.get("BERTFAST_BACKEND"), word.device, word.dtype)
-        cached = self.__dict__.get("_plan_cache")
+        cached = self.__dict__.get("_runner_cache")
         if cached is None or cached[0] != key:
-            cached = (key, self._resolve_plan(word))
-            self.__dict__["_plan_cache"] = cached
+            params = [p for _, p in self.named_parameters(remove_duplicate=False)]
+            runner = ops.encoder_runner(
+                self.backend, self.config, self.embeddings, self.layers, params
+            )
+            cached = (key, runner)
+            self.__dict__["_runner_cache"] = cached
         return cached[1]
-
-    def _resolve_plan(self, word: torch.Tensor) -> _Plan | None:
-        if word.device.type != "cpu" or type(word) is not nn.Parameter:
-            return None
-        try:  # the model runs on the cpu backend here (dispatch.resolve) ...
-            if _dispatch.resolve(self.backend, "cpu").name != "cpu":
-                return None
-        except ValueError:  # an unknown backend name: the checked path says so
-            return None
-        dtype, device = word.dtype, word.device
-        for _, p in self.named_parameters(remove_duplicate=False):
-            if p.dtype != dtype or p.device != device:
-                return None  # mixed weights: the op checks name the culprit
-        cfg = self.config
-        L = self.layers._modules[str(cfg.layer_schedule()[0])]
-        w_in = _param(L, "ffn_in.weight")
-        x = word.new_empty(0, w_in.shape[1])
-        ids = torch.zeros(0, dtype=torch.int64)
-        emb = self.embeddings
-        types_table = emb._parameters.get("token_type")
-        samples = {
-            "embed_layernorm": (
-                ids,
-                ids,
-                ids if types_table is not None else None,
-                word,
-                emb._parameters["position"],
-                types_table,
-                _param(emb, "ln.weight"),
-                _param(emb, "ln.bias"),
-                cfg.layer_norm_eps,
-            ),
-            "linear": (x, w_in, None),
-            "linear_gelu": (x, w_in, None, cfg.hidden_act),
-            "add_layernorm": (x, x, None, x[:, 0], x[:, 0], cfg.layer_norm_eps),
-            "attention_varlen": (
-                word.new_empty(0, 3 * cfg.hidden_size),
-                torch.zeros(1, dtype=torch.int32),
-                0,
-                cfg.num_heads,
-                cfg.head_dim**-0.5,
-            ),
-        }
-        cpu = _dispatch.get_backend("cpu")
-        impls = {}
-        # ... and select gives each encoder op the cpu backend's own function for this
-        # input (not a wrapper: bertfast tune wraps select to see every op)
-        for op, args in samples.items():
-            try:
-                impl = _dispatch.select(op, self.backend, "cpu", dtype, args)
-            except (_dispatch.BackendError, ValueError):
-                return None
-            if getattr(cpu, "ops", {}).get(op) is not impl:
-                return None
-            impls[op] = impl
-        return _Plan(
-            impls["embed_layernorm"],
-            impls["linear"],
-            impls["linear_gelu"],
-            impls["add_layernorm"],
-            impls["attention_varlen"],
-        )
 
     def encode(
         self,
@@ -848,11 +655,11 @@ class BertfastModel(nn.Module):
         ids_p = self._pack(input_ids, info)
         pos_p = self._pack(pos, info)
         types_p = self._pack(types, info) if types is not None else None
-        plan = self._plan() if counts is not None and type(input_ids) is torch.Tensor else None
-        h = self._embed(ids_p, pos_p, types_p, plan)
+        runner = self._runner() if counts is not None and type(input_ids) is torch.Tensor else None
+        h = runner.embed(ids_p, pos_p, types_p) if runner else self._embed(ids_p, pos_p, types_p)
         states = [h] if output_hidden_states else None
-        if plan is not None:
-            return self._layers_direct(h, plan, info, states), info, states
+        if runner is not None:
+            return runner.layers(h, info, states, self._attention_dtype), info, states
         nh, scale = cfg.num_heads, cfg.head_dim**-0.5
         cu, max_len, be = info.cu_seqlens, info.max_seqlen, self.backend
         h = self._layers(

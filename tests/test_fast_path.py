@@ -1,6 +1,7 @@
-"""The CPU fast path of the encoder: ``BertfastModel._plan`` resolves the cpu
-backend's implementations once per model, device and dtype, and ``_layers_direct``
-calls them without per-call checks or dispatch; a batch with no padding skips the
+"""The CPU fast path of the encoder: ``BertfastModel._runner`` takes the cpu
+backend's encoder runner (``ops.encoder_runner``, ``bertfast/ops/cpu_encoder.py``),
+resolved once per model, device and dtype, whose ``layers`` calls the backend's
+implementations without per-call checks or dispatch; a batch with no padding skips the
 pack / unpack gathers (``PackInfo.dense``).
 
 Reference: transformers (random-weight models of every architecture the encoder
@@ -21,6 +22,7 @@ import bertfast
 from bertfast import ops
 from bertfast.embedder import Embedder, pool
 from bertfast.model import BertfastModel
+from bertfast.ops.cpu_encoder import CpuEncoder
 
 from .models import build, make_batch, save
 from .test_parity_transformers import ATOL, max_diffs
@@ -47,17 +49,18 @@ def zoo(tmp_path_factory):
 
 
 class Spy:
-    """Counts ``_layers_direct`` runs and calls of the public op entry points."""
+    """Counts the runner's encoder runs (``CpuEncoder.layers``, as "runner") and
+    calls of the public op entry points."""
 
     def __init__(self, monkeypatch):
         self.calls: dict[str, int] = {}
-        real_direct = BertfastModel._layers_direct
+        real_direct = CpuEncoder.layers
 
-        def direct(model, *a, **k):
-            self._count("_layers_direct")
-            return real_direct(model, *a, **k)
+        def direct(runner, *a, **k):
+            self._count("runner")
+            return real_direct(runner, *a, **k)
 
-        monkeypatch.setattr(BertfastModel, "_layers_direct", direct)
+        monkeypatch.setattr(CpuEncoder, "layers", direct)
         for name in _ENCODER_OPS + ("linear", "pack_tokens", "unpack_tokens"):
             real = getattr(ops, name)
 
@@ -90,7 +93,7 @@ def test_fast_path_matches_transformers(zoo, monkeypatch, family, head, padded):
     spy = Spy(monkeypatch)
     out = model(**batch, output_hidden_states=True)
     # taken: one direct encoder run, none of the encoder ops through their entry points
-    assert spy["_layers_direct"] == 1
+    assert spy["runner"] == 1
     assert all(spy[name] == 0 for name in _ENCODER_OPS if name != "linear_gelu"), spy.calls
     assert spy["linear_gelu"] <= 1, spy.calls  # a masked-LM head's dense layer, if any
     # packing only when something is padded (the heads may still unpack their logits)
@@ -123,10 +126,10 @@ def test_fast_path_equals_the_checked_path(zoo, monkeypatch, dtype):
     model = bertfast.from_pretrained(folder, backend="cpu", dtype=dtype)
     spy = Spy(monkeypatch)
     fast = model(**batch, output_hidden_states=True)
-    assert spy["_layers_direct"] == 1, spy.calls
-    monkeypatch.setattr(BertfastModel, "_plan", lambda self: None)
+    assert spy["runner"] == 1, spy.calls
+    monkeypatch.setattr(BertfastModel, "_runner", lambda self: None)
     slow = model(**batch, output_hidden_states=True)
-    assert spy["_layers_direct"] == 1 and spy["attention_varlen"] > 0, spy.calls
+    assert spy["runner"] == 1 and spy["attention_varlen"] > 0, spy.calls
     torch.testing.assert_close(fast.last_hidden_state, slow.last_hidden_state, rtol=0, atol=0)
     for a, b in zip(fast.hidden_states, slow.hidden_states):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -141,7 +144,7 @@ def test_not_taken_on_other_backends(zoo, monkeypatch):
     spy = Spy(monkeypatch)
     model = bertfast.from_pretrained(folder, backend="torch")
     out = model(**batch).last_hidden_state
-    assert spy["_layers_direct"] == 0 and spy["attention_varlen"] > 0, spy.calls
+    assert spy["runner"] == 0 and spy["attention_varlen"] > 0, spy.calls
     assert float((out[real] - ref[real]).abs().max()) <= ATOL
 
     # BERTFAST_BACKEND overrides "auto": the plan follows the variable as it changes
@@ -149,12 +152,12 @@ def test_not_taken_on_other_backends(zoo, monkeypatch):
     monkeypatch.setenv("BERTFAST_BACKEND", "torch")
     spy.calls.clear()
     out = model(**batch).last_hidden_state
-    assert spy["_layers_direct"] == 0 and spy["attention_varlen"] > 0, spy.calls
+    assert spy["runner"] == 0 and spy["attention_varlen"] > 0, spy.calls
     assert float((out[real] - ref[real]).abs().max()) <= ATOL
     monkeypatch.delenv("BERTFAST_BACKEND")
     spy.calls.clear()
     model(**batch)
-    assert spy["_layers_direct"] == 1 and spy["attention_varlen"] == 0, spy.calls
+    assert spy["runner"] == 1 and spy["attention_varlen"] == 0, spy.calls
 
 
 def test_not_taken_for_a_dtype_the_cpu_backend_does_not_run(zoo, monkeypatch):
@@ -166,14 +169,14 @@ def test_not_taken_for_a_dtype_the_cpu_backend_does_not_run(zoo, monkeypatch):
     spy = Spy(monkeypatch)
     model.to(torch.float64)  # fp64: the torch backend runs it ("auto")
     out = model(**batch).logits
-    assert spy["_layers_direct"] == 0 and spy["attention_varlen"] > 0, spy.calls
+    assert spy["runner"] == 0 and spy["attention_varlen"] > 0, spy.calls
     real = batch["attention_mask"].bool()
     assert out.dtype == torch.float64
     assert float((out[real].float() - ref[real]).abs().max()) <= 1e-3
     model.to(torch.float32)  # back on the cpu kernels: the plan is resolved again
     spy.calls.clear()
     out = model(**batch).logits
-    assert spy["_layers_direct"] == 1, spy.calls
+    assert spy["runner"] == 1, spy.calls
     assert float((out[real] - ref[real]).abs().max()) <= ATOL
 
 
@@ -194,7 +197,7 @@ def test_not_taken_under_a_dispatch_mode(zoo, monkeypatch):
     spy = Spy(monkeypatch)
     with Seen() as seen:
         model(**_batch("bert", padded=True))
-    assert spy["_layers_direct"] == 0, spy.calls
+    assert spy["runner"] == 0, spy.calls
     assert {"bertfast::attention_varlen", "bertfast::add_layernorm"} <= seen.ops
 
 
@@ -208,7 +211,7 @@ def test_not_taken_while_compiling(zoo, monkeypatch):
         spy = Spy(monkeypatch)
         compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
         out = compiled(**batch)
-        assert spy["_layers_direct"] == 0, spy.calls
+        assert spy["runner"] == 0, spy.calls
         torch.testing.assert_close(out.logits, eager.logits, rtol=0, atol=1e-5)
     finally:
         torch._dynamo.reset()
@@ -226,8 +229,8 @@ def test_edited_weights_are_read_at_each_call(zoo, monkeypatch):
     model.embeddings.ln.weight = torch.nn.Parameter(model.embeddings.ln.weight * 1.5)
     spy = Spy(monkeypatch)
     after = model(**batch).last_hidden_state
-    assert spy["_layers_direct"] == 1
-    monkeypatch.setattr(BertfastModel, "_plan", lambda self: None)
+    assert spy["runner"] == 1
+    monkeypatch.setattr(BertfastModel, "_runner", lambda self: None)
     checked = model(**batch).last_hidden_state
     assert not torch.allclose(before, after)
     torch.testing.assert_close(after, checked, rtol=0, atol=0)

@@ -108,6 +108,7 @@ LAYERS = [
             "bertfast.ops.sdpa",
             "bertfast.ops.cpu",
             "bertfast.ops.cpu_weights",
+            "bertfast.ops.cpu_encoder",  # the cpu backend's encoder runner
             "bertfast.ops.quant",
             "bertfast.ops.cuda",
             "bertfast.ops.cuda_epilogue",
@@ -133,7 +134,12 @@ NO_LAYER: dict[str, str] = {}
 #: owns. Peers: no module of one imports a module of another.
 BACKENDS = {
     "torch": ["bertfast.ops.reference", "bertfast.ops.sdpa"],
-    "cpu": ["bertfast.ops.cpu", "bertfast.ops.cpu_weights", "bertfast.ops.quant"],
+    "cpu": [
+        "bertfast.ops.cpu",
+        "bertfast.ops.cpu_weights",
+        "bertfast.ops.cpu_encoder",
+        "bertfast.ops.quant",
+    ],
     "cuda": ["bertfast.ops.cuda", "bertfast.ops.cuda_epilogue"],
     "triton": ["bertfast.ops.triton", "bertfast.ops.triton.*"],
 }

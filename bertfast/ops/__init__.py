@@ -41,7 +41,8 @@ device-to-host read, and its internal op calls pass ``validate=False``, so the
 forward pass does not sync per layer.
 
 On the ``cpu`` backend in plain eager mode the model goes one step further and
-calls the backend's implementations directly (``BertfastModel._plan``), skipping
+runs its encoder on the backend's encoder runner (``encoder_runner`` below:
+``cpu_encoder.py``), which calls the backend's implementations directly, skipping
 these entry points altogether; every other caller gets the checks above.
 """
 
@@ -52,7 +53,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import checks, cpu_weights, dispatch, quant, reference
+from . import checks, cpu_encoder, cpu_weights, dispatch, quant, reference
 from .dispatch import BACKEND_NAMES, BackendError, backend_status
 from .padding import PackInfo, pack_info, pack_info_from_counts
 
@@ -440,3 +441,14 @@ def unpack_tokens(
     x, indices, num_rows: int, backend: str = "auto", *, validate: bool = True
 ) -> Tensor:
     return _unpack_tokens.run(x, indices, _int(num_rows), backend, bool(validate))
+
+
+# ---------------------------------------------------------------- encoder runners
+def encoder_runner(backend: str, config, embeddings, layers, parameters):
+    """A runner for a model's whole encoder on ``backend``'s own functions, or None:
+    run the ops through their entry points. Only the cpu backend has one
+    (``cpu_encoder.CpuEncoder``: ``embed(ids, pos, types)`` and ``layers(h, info,
+    states, attention_dtype)`` on packed tokens); it is offered where ``backend``
+    resolves to ``cpu`` for every encoder op, on one device and dtype. The caller
+    takes it in plain eager mode only and has validated the inputs (no checks run)."""
+    return cpu_encoder.runner(backend, config, embeddings, layers, parameters)
