@@ -407,10 +407,14 @@ class Embedder:
         revision: str | None = None,
         token=None,
         cache_dir=None,
+        threads: int | None = None,
     ) -> Embedder:
         """Load a checkpoint folder or a Hugging Face Hub id (default:
         :func:`default_checkpoint`); ``revision``, ``token``, ``cache_dir``: as
-        :func:`bertfast.from_pretrained` (Hub ids only).
+        :func:`bertfast.from_pretrained` (Hub ids only). ``threads``: torch's CPU
+        threads (``torch.set_num_threads``), set once the model has loaded; torch has
+        one such count per process, so it holds for every model in it (None: leave
+        torch's as it is; the CLI's ``--threads``).
 
         Raises what :func:`bertfast.from_pretrained` raises for the same mistake
         (``CheckpointError``, which a missing folder also is as a
@@ -419,6 +423,10 @@ class Embedder:
         :func:`bertfast.from_pretrained` (CPU, float32)."""
         from .ops import quant
 
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):
+            raise ValueError(f"threads must be a whole number of at least 1, not {threads!r}")
         quant.check_quantize(quantize)
         device = load_options(device, dtype, backend)
         if quantize:
@@ -446,6 +454,8 @@ class Embedder:
             path, device=device, dtype=dtype, backend=backend, head="base", quantize=quantize
         )
         model.eval()
+        if threads is not None:
+            torch.set_num_threads(threads)
         return cls(
             model,
             tokenizer,

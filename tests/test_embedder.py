@@ -427,3 +427,25 @@ def test_encode_token_budget_does_not_change_vectors(embedder):
     np.testing.assert_allclose(tight, free, atol=1e-5)
     with pytest.raises(ValueError, match="max_tokens"):
         embedder.encode(texts, max_tokens=0)
+
+
+def test_threads_set_after_load_and_checked_first(ckpt, tmp_path):
+    """``threads=`` sets torch's CPU threads once the model has loaded; a bad value or
+    a failed load leaves them as they were."""
+    before = torch.get_num_threads()
+    try:
+        for bad in (0, -1, 1.5, "2", True):
+            with pytest.raises(ValueError, match="threads must be a whole number"):
+                Embedder.from_pretrained(ckpt, threads=bad)
+            assert torch.get_num_threads() == before
+        want = 1 if before != 1 else 2
+        with pytest.raises(CheckpointError):
+            Embedder.from_pretrained(tmp_path / "missing", threads=want)
+        assert torch.get_num_threads() == before
+        e = Embedder.from_pretrained(ckpt, threads=want)
+        assert torch.get_num_threads() == want
+        ref = Embedder.from_pretrained(ckpt)
+        texts = ["threads change the split of the work", "not the answer"]
+        np.testing.assert_allclose(e.encode(texts), ref.encode(texts), rtol=0, atol=1e-5)
+    finally:
+        torch.set_num_threads(before)
