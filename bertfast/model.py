@@ -51,8 +51,6 @@ from . import hub, ops
 from .checkpoint import encoder_weight_specs, file_backed, load_checkpoint
 from .config import EncoderConfig
 from .info import warn_if_slow_bf16
-from .ops import cpu_weights as _cpu_weights
-from .ops import quant as _quant
 from .outputs import EncoderOutput
 from .validate import first_few, load_options
 
@@ -87,7 +85,7 @@ def _as_parameter(tensor: torch.Tensor) -> nn.Parameter:
     its ``__torch_dispatch__``: torch's first dispatch to a Python tensor subclass
     imports ``torch.distributed.tensor`` and sympy, memory and load time a model does
     not need (benchmarks/results/cpu-intel-xeon-amx-2t/notes.md, "Resident memory")."""
-    if _cpu_weights.is_packed(tensor) or _quant.is_quantized(tensor):
+    if ops.is_packed_weight(tensor) or ops.is_int8_weight(tensor):
         handle = tensor._same()
         handle._is_param = True  # what nn.Parameter sets on a subclass
         return handle
@@ -155,7 +153,7 @@ class BertfastModel(nn.Module):
         linear weights become int8 copies owned by the model (``_quantize_weights``;
         the tensors in ``weights`` are not modified)."""
         super().__init__()
-        self.quantize = _quant.check_quantize(quantize)
+        self.quantize = ops.check_quantize(quantize)
         # what attention computes in when not the model's dtype (int8: see
         # ``quant.attention_dtype``); None: the model's dtype
         self._attention_dtype = None
@@ -198,7 +196,7 @@ class BertfastModel(nn.Module):
         params = [
             (name, p)
             for name, p in self.named_parameters(remove_duplicate=False)
-            if not (_cpu_weights.is_packed(p) or _quant.is_quantized(p))
+            if not (ops.is_packed_weight(p) or ops.is_int8_weight(p))
         ]
         seen = {}
         for (name, p), mapped in zip(params, file_backed(p for _, p in params)):
@@ -215,27 +213,28 @@ class BertfastModel(nn.Module):
         tables = {
             p.untyped_storage().data_ptr()
             for n, p in params
-            if _TABLES.match(n) and not _cpu_weights.is_packed(p)
+            if _TABLES.match(n) and not ops.is_packed_weight(p)
         }
         for name, p in params:
-            if p.dim() != 2 or _TABLES.match(name) or _quant.is_quantized(p):
+            if p.dim() != 2 or _TABLES.match(name) or ops.is_int8_weight(p):
                 continue
-            if not _cpu_weights.is_packed(p) and p.untyped_storage().data_ptr() in tables:
+            if not ops.is_packed_weight(p) and p.untyped_storage().data_ptr() in tables:
                 continue
             yield name, p
 
     def _pack_weights(self) -> None:
-        if not _cpu_weights.can_pack(self.backend, self.device, self.dtype):
+        pack = ops.weight_packer(self.backend, self.device, self.dtype)
+        if pack is None:
             return
         seen = {}
         for name, p in list(self._packable()):
-            if _cpu_weights.is_packed(p) or p.device.type != "cpu":
+            if ops.is_packed_weight(p) or p.device.type != "cpu":
                 continue
-            if _quant.is_quantized(p):
+            if ops.is_int8_weight(p):
                 continue
             key = (p.data_ptr(), tuple(p.shape), tuple(p.stride()))
             if key not in seen:  # ALBERT-style shared tensors stay shared
-                seen[key] = _cpu_weights.pack_owned(p)
+                seen[key] = pack(p)
             if seen[key] is not None:
                 _attach(self, name, seen[key])
 
@@ -243,17 +242,17 @@ class BertfastModel(nn.Module):
         """``quantize="int8"``: replace the encoder layers' linear weights by int8
         :class:`~bertfast.ops.quant.QuantizedWeight` copies (CPU, fp32, cpu backend
         only; ValueError otherwise: never a silent fp32 model)."""
-        _quant.check_supported(self.device, self.dtype, self.backend)
-        self._attention_dtype = _quant.attention_dtype()
+        ops.check_int8_supported(self.device, self.dtype, self.backend)
+        self._attention_dtype = ops.int8_attention_dtype()
         seen = {}
         for name, p in list(self.named_parameters(remove_duplicate=False)):
-            if not _QUANTIZED.match(name) or _quant.is_quantized(p):
+            if not _QUANTIZED.match(name) or ops.is_int8_weight(p):
                 continue
             key = (p.data_ptr(), tuple(p.shape), tuple(p.stride()))
             if key not in seen:  # ALBERT-style shared tensors stay shared
                 # QKV: two-part activations (the attention scores amplify their error)
                 split = name.endswith(".qkv.weight")
-                seen[key] = _quant.QuantizedWeight.of(p.detach(), split=split)
+                seen[key] = ops.quantize_int8(p, split=split)
             _attach(self, name, seen[key])
 
     def unpack_weights(self) -> BertfastModel:
@@ -264,7 +263,7 @@ class BertfastModel(nn.Module):
         unpacked model computes with its weights as they are at every call."""
         seen = {}
         for name, p in list(self._packable()):
-            if _cpu_weights.is_packed(p):
+            if ops.is_packed_weight(p):
                 if id(p._packed) not in seen:  # shared (ALBERT) weights stay shared
                     seen[id(p._packed)] = p.dense()
                 _attach(self, name, seen[id(p._packed)])
@@ -297,29 +296,16 @@ class BertfastModel(nn.Module):
     def weight_nbytes(self) -> int:
         """Bytes held by the model's tensors (parameters and buffers, shared storage
         counted once; packed weights by their panels)."""
-        seen, total = set(), 0
-        for t in [p for _, p in self.named_parameters(remove_duplicate=False)] + list(
-            self.buffers()
-        ):
-            if _quant.is_quantized(t):  # int8 panels + column sums + scales
-                if id(t._packed) not in seen:
-                    seen.add(id(t._packed))
-                    total += t.packed_nbytes
-                continue
-            packed = getattr(t, "_packed", None) if _cpu_weights.is_packed(t) else None
-            key = id(packed) if packed is not None else t.untyped_storage().data_ptr()
-            if key not in seen:
-                seen.add(key)
-                total += _cpu_weights.tensor_bytes(t)
-        return total
+        params = [p for _, p in self.named_parameters(remove_duplicate=False)]
+        return ops.weight_nbytes(params + list(self.buffers()))
 
     def _apply(self, fn, recurse=True):
         # .to() / .half() / .cuda(): convert plain tensors; an owned model packs
         # again when it (still, or again) runs on the C++ GEMM.
         if getattr(self, "quantize", None):
-            _quant.check_apply(fn)  # an int8 model cannot move or be cast
+            ops.check_int8_apply(fn)  # an int8 model cannot move or be cast
             return self
-        if any(_cpu_weights.is_packed(p) for _, p in self._packable()):
+        if any(ops.is_packed_weight(p) for _, p in self._packable()):
             self.unpack_weights()
         out = super()._apply(fn, recurse)
         if getattr(self, "_owns_weights", False):
@@ -812,10 +798,10 @@ def from_pretrained(
     scales and the activations quantized per token at run time (see
     ``bertfast/ops/quant.py``); everything else stays fp32.
     """
-    _quant.check_quantize(quantize)
+    ops.check_quantize(quantize)
     device = load_options(device, dtype, backend)
     if quantize:
-        _quant.check_supported(device, dtype, backend)
+        ops.check_int8_supported(device, dtype, backend)
     folder = hub.resolve(path, revision=revision, token=token, cache_dir=cache_dir)
     cfg, head, weights = load_checkpoint(folder, head=head, dtype=dtype, device=device)
     model = BertfastModel(

@@ -452,6 +452,27 @@ def test_backends_are_peers(graph):
         fail(graph, "backends importing one another", problems)
 
 
+#: What the model layer may import from ``bertfast/ops`` besides the package (the
+#: op entry points, ``encoder_runner`` and the model-weight functions): the packing
+#: record's type, and the reference's table of activations the heads apply.
+MODEL_OPS_ALLOWED = {"bertfast.ops", "bertfast.ops.padding", "bertfast.ops.reference"}
+
+
+def test_the_model_calls_ops_only(graph):
+    """design.md §2: the model calls ``bertfast.ops``, never a backend module: the CPU
+    backend's encoder runner and weight handling are reached through the package."""
+    model_layer = dict(LAYERS)["model"]
+    problems = []
+    for mod in graph.modules:
+        if not any(p == mod or (p.endswith(".*") and fnmatchcase(mod, p)) for p in model_layer):
+            continue
+        for target, where in sorted(graph.edges[mod].items()):
+            if target.startswith("bertfast.ops") and target not in MODEL_OPS_ALLOWED:
+                problems.append(f"  {mod} imports {target}   ({where})")
+    if problems:
+        fail(graph, "the model reaching past bertfast.ops", problems)
+
+
 def test_tables_match_the_code(graph):
     """``BACKENDS`` is dispatch's registry, every module of the ops backends layer
     belongs to one backend, and the registry's by-name loads sit above dispatch."""

@@ -452,3 +452,70 @@ def encoder_runner(backend: str, config, embeddings, layers, parameters):
     resolves to ``cpu`` for every encoder op, on one device and dtype. The caller
     takes it in plain eager mode only and has validated the inputs (no checks run)."""
     return cpu_encoder.runner(backend, config, embeddings, layers, parameters)
+
+
+# ---------------------------------------------------------------- model weights
+# What a model needs to hold its weights in a backend's own form: the cpu backend
+# keeps owned fp32 (and bf16 on oneDNN) linear weights packed (``cpu_weights``) and
+# int8 models' encoder weights quantized (``quant``). The model asks here, so that it
+# never reaches a backend module itself.
+def is_packed_weight(t) -> bool:
+    """``t`` is a weight the cpu backend holds packed (``cpu_weights.PackedWeight``:
+    read-only; ``t.dense()`` is a plain copy)."""
+    return cpu_weights.is_packed(t)
+
+
+def is_int8_weight(t) -> bool:
+    """``t`` is an int8 weight (``quant.QuantizedWeight``)."""
+    return quant.is_quantized(t)
+
+
+def weight_packer(backend: str, device, dtype: torch.dtype):
+    """The function that packs one linear weight a model owns for the GEMM it runs
+    on (returns the packed weight, or None: keep it plain), or None where a model on
+    ``device``/``dtype`` with ``backend`` keeps its weights plain."""
+    return cpu_weights.pack_owned if cpu_weights.can_pack(backend, device, dtype) else None
+
+
+def check_quantize(quantize) -> str | None:
+    """``quantize`` itself: None or "int8" (ValueError listing the choices)."""
+    return quant.check_quantize(quantize)
+
+
+def check_int8_supported(device, dtype: torch.dtype, backend: str = "auto") -> None:
+    """ValueError, with the reason, where an int8 model cannot run on ``device`` /
+    ``dtype`` / ``backend`` (never a silent fp32 model)."""
+    quant.check_supported(device, dtype, backend)
+
+
+def int8_attention_dtype() -> torch.dtype | None:
+    """The dtype an int8 model runs attention in (``quant.attention_dtype``)."""
+    return quant.attention_dtype()
+
+
+def quantize_int8(weight: Tensor, split: bool = False) -> Tensor:
+    """An int8 copy of a linear weight, per output channel (``split``: two-part
+    activations, for QKV)."""
+    return quant.QuantizedWeight.of(weight.detach(), split=split)
+
+
+def check_int8_apply(fn) -> None:
+    """``nn.Module._apply`` on an int8 model: ValueError for a move or a cast."""
+    quant.check_apply(fn)
+
+
+def weight_nbytes(tensors) -> int:
+    """Bytes held by ``tensors`` (storage shared between them counted once; packed
+    weights by their packed form, int8 ones by their panels, column sums and scales)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if quant.is_quantized(t):
+            key, size = id(t._packed), t.packed_nbytes
+        elif cpu_weights.is_packed(t):
+            key, size = id(t._packed), cpu_weights.tensor_bytes(t)
+        else:
+            key, size = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+        if key not in seen:
+            seen.add(key)
+            total += size
+    return total
