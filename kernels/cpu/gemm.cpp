@@ -14,6 +14,9 @@
 // broadcasts of x. Two variants chosen at run time from the CPU:
 //   AVX-512 (x86-64-v4): MR = 8, NR = 32 (16 zmm accumulators)
 //   AVX2/FMA (baseline): MR = 4, NR = 16 (8 ymm accumulators)
+// and, at few rows, a kernel that streams each weight panel once (gemm_tile_few_rows:
+// AVX-512 up to 128 rows; AVX2, with the MR = 4 x 16 tile over each 16-column slice of a
+// panel, up to 32 rows).
 // (allow_avx512 = false forces the baseline, for tests.)
 // Threads: OpenMP static split over (block of MB rows, NR-column panel) tiles,
 // ordered row-block major for weights up to 8 MiB (see gemm_packed).
@@ -134,6 +137,13 @@ BF_INLINE void gemm_tile(const float* BF_RESTRICT x, const float* BF_RESTRICT pa
 // 102.6 / 104.9, 256 rows 203.6 / 198.7.
 constexpr int64_t kFewRows = 64;
 constexpr int64_t kFewRowsMax = 128;
+// AVX2 takes its few-rows kernel (gemm_tile_few_rows_sliced) up to 32 rows only: above,
+// the totals of every row (rows x 64 floats) and the chunk no longer share L1 and the
+// row-block kernel is faster. Measured on AMD EPYC Zen 3, AVX2, 2 threads,
+// benchmarks/experiments/few_rows_stream.py --model minilm, ms for a forward's GEMMs,
+// sliced / row-block kernel: 1 row 2.30 / 8.94, 4 rows 2.19 / 4.92, 16 rows 5.20 /
+// 7.45, 32 rows 9.13 / 10.9, 64 rows 17.2 / 14.2, 128 rows 35.7 / 28.6.
+constexpr int64_t kFewRowsMaxAvx2 = 32;
 
 template <typename V, int VL, int MR, int NV, int ACT>
 BF_INLINE void gemm_tile_few_rows(const float* BF_RESTRICT x, const float* BF_RESTRICT packed,
@@ -182,6 +192,88 @@ BF_INLINE void gemm_tile_few_rows(const float* BF_RESTRICT x, const float* BF_RE
                                 : y;
     }
   }
+}
+
+// A K chunk's register sums added into rows of `total` that are `stride` floats apart.
+template <typename V, int VL, int MR, int NV>
+BF_INLINE void add_chunk_rows(float* BF_RESTRICT total, int64_t stride, const V (&acc)[MR][NV]) {
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) {
+      V t = load_v<V>(total + r * stride + v * VL) + acc[r][v];
+      std::memcpy(total + r * stride + v * VL, &t, sizeof(V));
+    }
+}
+
+// gemm_tile_few_rows for a register tile narrower than the panel (AVX2: 16 ymm
+// registers hold MR = 4 rows x 16 columns of sums, not a 64-wide panel's row): the
+// same chunk-outer order, each KC-deep chunk of the panel read from L3 / memory once
+// (with the next chunk prefetched, spread over the chunk's iterations) and then from
+// L1 by every group of MR rows x every TW-column slice of the panel. Sums are formed
+// as in gemm_tile (per chunk in registers, chunks added in order): the same results as
+// the row-block kernel with the same MR x TW tile. PW: a multiple of TW, at most 64.
+template <typename V, int VL, int MR, int NV, int ACT>
+BF_INLINE void gemm_tile_few_rows_sliced(const float* BF_RESTRICT x,
+                                         const float* BF_RESTRICT packed,
+                                         const float* BF_RESTRICT bias, float* BF_RESTRICT out,
+                                         int64_t M, int64_t N, int64_t K, int64_t PW, int64_t p) {
+  constexpr int TW = VL * NV;
+  constexpr int64_t kMaxPW = 64;
+  const int64_t n0 = p * PW;
+  const float* BF_RESTRICT bp = packed + p * K * PW;
+  const int64_t ncols = N - n0 < PW ? N - n0 : PW;
+  const int64_t groups = (M + MR - 1) / MR;
+  const int64_t slices = PW / TW;
+  const int64_t steps = groups * slices;                              // passes over a chunk
+  const int64_t chunk_lines = KC * PW * int64_t(sizeof(float)) / 64;  // lines per chunk
+  const int64_t per_iter = (chunk_lines / KC + steps - 1) / steps;    // prefetched per k
+  alignas(64) float total[kFewRows + MR][kMaxPW];
+  for (int64_t g = 0; g < groups * MR; ++g)
+    for (int64_t j = 0; j < PW; ++j) total[g][j] = 0.0f;
+  for (int64_t k0 = 0; k0 < K; k0 += KC) {
+    const int64_t k1 = k0 + KC < K ? k0 + KC : K;
+    // the next chunk's address (a hint: never faults, even past the buffer's end)
+    const uintptr_t next = reinterpret_cast<uintptr_t>(bp + k0 * PW) + KC * PW * sizeof(float);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t i0 = g * MR;
+      const float* a[MR];
+      for (int r = 0; r < MR; ++r) a[r] = x + (i0 + r < M ? i0 + r : M - 1) * K;
+      for (int64_t s = 0; s < slices; ++s) {
+        V acc[MR][NV];
+        for (int r = 0; r < MR; ++r)
+          for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+        const float* BF_RESTRICT b = bp + k0 * PW + s * TW;
+        const int64_t step = g * slices + s;
+        for (int64_t k = k0; k < k1; ++k, b += PW) {
+          const int64_t line = (step * KC + (k - k0)) * per_iter;
+          for (int64_t l = line; l < line + per_iter && l < chunk_lines; ++l)
+            __builtin_prefetch(reinterpret_cast<const void*>(next + l * 64), /*rw=*/0,
+                               /*locality=*/2);
+          fma_step<V, VL, MR, NV>(acc, a, k, b);
+        }
+        add_chunk_rows<V, VL, MR, NV>(&total[i0][s * TW], kMaxPW, acc);
+      }
+    }
+  }
+  for (int64_t r = 0; r < M; ++r) {
+    const float* tmp = total[r];
+    float* o = out + r * N + n0;
+    for (int64_t j = 0; j < ncols; ++j) {
+      const float y = tmp[j] + bias[n0 + j];
+      o[j] = ACT == kGeluErf    ? gelu_erf(y)
+             : ACT == kGeluTanh ? gelu_tanh(y)
+             : ACT == kRelu     ? relu(y)
+                                : y;
+    }
+  }
+}
+
+// The AVX2 few-rows tile: the row-block kernel's MR = 4 x 16-column register tile
+// (tile_avx2) over each 16-column slice of the panel, so its sums equal that kernel's.
+template <int ACT>
+__attribute__((noinline)) void tile_few_rows_avx2(const float* x, const float* packed,
+                                                  const float* bias, float* out, int64_t M,
+                                                  int64_t N, int64_t K, int64_t PW, int64_t p) {
+  gemm_tile_few_rows_sliced<v8f, 8, 4, 2, ACT>(x, packed, bias, out, M, N, K, PW, p);
 }
 
 template <int ACT>
@@ -250,7 +342,9 @@ void gemm_packed(const float* x, const float* pk, const float* bias, float* out,
     zeros.assign(N, 0.0f);
     bias = zeros.data();
   }
-  if (avx512 && M <= kFewRowsMax && (PW == 32 || PW == 64)) {
+  const bool few_avx512 = avx512 && (PW == 32 || PW == 64);
+  const bool few_avx2 = !avx512 && (PW == 16 || PW == 32 || PW == 64);
+  if ((few_avx512 && M <= kFewRowsMax) || (few_avx2 && M <= kFewRowsMaxAvx2)) {
     const int64_t panels = (N + PW - 1) / PW;
     // streaming the weight is the work even at one row: threads as for 8 rows
     const int nt = threads_for((M > 8 ? M : 8) * N * K, 1 << 20, num_threads);
@@ -258,9 +352,14 @@ void gemm_packed(const float* x, const float* pk, const float* bias, float* out,
 #pragma omp parallel for num_threads(nt) schedule(static)
 #endif
     for (int64_t p = 0; p < panels; ++p)
-      for (int64_t r0 = 0; r0 < M; r0 += kFewRows)
-        tile_few_rows_avx512<ACT>(x + r0 * K, pk, bias, out + r0 * N,
-                                  M - r0 < kFewRows ? M - r0 : kFewRows, N, K, PW, p);
+      for (int64_t r0 = 0; r0 < M; r0 += kFewRows) {
+        const int64_t rows = M - r0 < kFewRows ? M - r0 : kFewRows;
+        if (avx512) {
+          tile_few_rows_avx512<ACT>(x + r0 * K, pk, bias, out + r0 * N, rows, N, K, PW, p);
+        } else {
+          tile_few_rows_avx2<ACT>(x + r0 * K, pk, bias, out + r0 * N, rows, N, K, PW, p);
+        }
+      }
     return;
   }
   const int NR = avx512 ? 32 : 16;

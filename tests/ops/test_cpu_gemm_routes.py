@@ -487,6 +487,40 @@ def test_loaded_model_runs_few_rows_on_panels(minilm_like):
     assert (out[mask] - ref[mask]).abs().max().item() <= 1e-4
 
 
+def _hand_panels(w, pw):
+    """``w`` [N, K] in panels of ``pw`` columns, ``[N / pw][K][pw]`` (zero-padded),
+    built with torch alone: the layout the C++ GEMM reads."""
+    n, k = w.shape
+    padded = w.new_zeros(-(-n // pw) * pw, k)
+    padded[:n] = w
+    return padded.view(-1, pw, k).transpose(1, 2).contiguous()
+
+
+@pytest.mark.parametrize("allow_avx512", [True, False], ids=["auto-isa", "avx2"])
+@pytest.mark.parametrize("pw", [16, 32, 64, 128])
+@pytest.mark.parametrize("act", [None, "gelu_tanh"])
+def test_few_row_kernel_every_panel_width_and_isa(allow_avx512, pw, act):
+    """Every ISA's few-rows kernel (AVX-512: whole 32/64-wide panels up to 128 rows;
+    AVX2: 4 x 16 register tiles over each 16-column slice of a 16/32/64-wide panel, up
+    to 32 rows) against the
+    row-block kernel of a 129-row call, bit for bit, and float64 within the rule; a
+    width it does not take (128) runs the row-block kernel. Panels built by hand, so
+    each width is reached whatever layout oneDNN picks on this CPU."""
+    from bertfast import _C
+
+    nr = _C.cpu.linear_pack(torch.ones(1, 1), allow_avx512).shape[2]  # this ISA's width
+    if pw % nr:
+        pytest.skip(f"panels of {pw} are not a multiple of this ISA's {nr} columns")
+    x, w, b = _operands(129, 200, 150, torch.float32, seed=11)
+    panels = _hand_panels(w, pw)
+    full = _C.cpu.linear_packed(x, panels, b, 150, act, allow_avx512)
+    _check(full, x, w, b, act, torch.float32, f"row block pw={pw}")
+    for m in (1, 2, 5, 16, 17, 31, 32, 33, 63, 64, 65, 128):
+        out = _C.cpu.linear_packed(x[:m], panels, b, 150, act, allow_avx512)
+        assert torch.equal(out, full[:m]), (pw, m, allow_avx512)
+        _check(out, x[:m], w, b, act, torch.float32, f"few rows pw={pw} m={m}")
+
+
 @pytest.mark.parametrize("storage", ["own", "onednn"])
 @pytest.mark.parametrize("act", [None, "gelu"])
 def test_few_row_kernel_equals_row_block_kernel(storage, act):
