@@ -97,6 +97,20 @@ def _native_bf16() -> bool:
     return False
 
 
+def _avx512() -> bool:
+    """The CPU has the AVX-512 subsets the C++ GEMM's AVX-512 kernels need (gemm.cpp's
+    ``use_avx512``: F, DQ, VL, BW)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return {"avx512f", "avx512dq", "avx512vl", "avx512bw"} <= flags
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return False
+
+
 ONEDNN: bool = _onednn_available()
 NATIVE_BF16: bool = ONEDNN and _native_bf16()
 
@@ -209,8 +223,13 @@ def layer_panels(weights, rows: int) -> list[Tensor] | None:
 #: 1.65, 16 rows 1.81 / 2.56, 64 rows 6.52 / 7.17, 128 rows 12.8 / 13.3, 256 rows
 #: 25.4 / 25.6; BERT-base 1 row 11.0 / 14.4, 16 rows 13.5 / 17.6, 64 rows 50.0 /
 #: 52.9, 128 rows 102.6 / 104.9, 256 rows 204 / 199). The C++ limit is
-#: ``kFewRowsMax`` there; above it the row-block kernel runs.
-SMALL_ROWS = 128
+#: ``kFewRowsMax`` there; above it the row-block kernel runs. On a CPU without AVX-512
+#: the C++ GEMM's few-rows kernel stops at 32 rows (``kFewRowsMaxAvx2``), and from 33
+#: rows oneDNN is ahead of its row-block kernel (AMD EPYC Zen 3, AVX2, 2 threads, MiniLM:
+#: oneDNN / C++ 0.78-0.86 at 33, 64 and 128 rows; forwards 1x64, 1x128, 4x32 9-15 %
+#: faster with 32 here than with 128: benchmarks/results/cpu-amd-epyc-avx2-2t/notes.md),
+#: so there the limit is 32.
+SMALL_ROWS = 128 if _avx512() else 32
 
 
 def onednn_rows(rows: int) -> int:
