@@ -71,6 +71,25 @@ BF_INLINE void add_chunk(float* BF_RESTRICT total, const V (&acc)[MR][NV]) {
     }
 }
 
+// Epilogue: `rows` rows of sums (`stride` floats apart) plus bias[n0 ..], through the
+// activation, into out's rows (N floats apart) from column n0, ncols columns.
+template <int ACT>
+BF_INLINE void store_rows(const float* BF_RESTRICT total, int64_t stride,
+                          const float* BF_RESTRICT bias, float* BF_RESTRICT out, int64_t rows,
+                          int64_t N, int64_t n0, int64_t ncols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* tmp = total + r * stride;
+    float* o = out + r * N + n0;
+    for (int64_t j = 0; j < ncols; ++j) {
+      const float y = tmp[j] + bias[n0 + j];
+      o[j] = ACT == kGeluErf    ? gelu_erf(y)
+             : ACT == kGeluTanh ? gelu_tanh(y)
+             : ACT == kRelu     ? relu(y)
+                                : y;
+    }
+  }
+}
+
 // One tile: rows [mb * MB, min(M, (mb + 1) * MB)) x the NR columns [p * NR, p * NR + NR).
 // The weight is stored in panels of PW >= NR columns ([N / PW][K][PW], PW a multiple
 // of NR): the tile reads NR of them, PW apart per k.
@@ -100,17 +119,7 @@ BF_INLINE void gemm_tile(const float* BF_RESTRICT x, const float* BF_RESTRICT pa
       add_chunk<V, VL, MR, NV>(&total[0][0], acc);
     }
     // Epilogue: bias + activation, written for the valid rows / columns only.
-    for (int r = 0; r < rows; ++r) {
-      const float* tmp = total[r];
-      float* o = out + (i0 + r) * N + n0;
-      for (int64_t j = 0; j < ncols; ++j) {
-        const float y = tmp[j] + bias[n0 + j];
-        o[j] = ACT == kGeluErf    ? gelu_erf(y)
-               : ACT == kGeluTanh ? gelu_tanh(y)
-               : ACT == kRelu     ? relu(y)
-                                  : y;
-      }
-    }
+    store_rows<ACT>(&total[0][0], NR, bias, out + i0 * N, rows, N, n0, ncols);
   }
 }
 
@@ -181,17 +190,7 @@ BF_INLINE void gemm_tile_few_rows(const float* BF_RESTRICT x, const float* BF_RE
       add_chunk<V, VL, MR, NV>(&total[i0][0], acc);
     }
   }
-  for (int64_t r = 0; r < M; ++r) {
-    const float* tmp = total[r];
-    float* o = out + r * N + n0;
-    for (int64_t j = 0; j < ncols; ++j) {
-      const float y = tmp[j] + bias[n0 + j];
-      o[j] = ACT == kGeluErf    ? gelu_erf(y)
-             : ACT == kGeluTanh ? gelu_tanh(y)
-             : ACT == kRelu     ? relu(y)
-                                : y;
-    }
-  }
+  store_rows<ACT>(&total[0][0], PW, bias, out, M, N, n0, ncols);
 }
 
 // A K chunk's register sums added into rows of `total` that are `stride` floats apart.
@@ -254,17 +253,7 @@ BF_INLINE void gemm_tile_few_rows_sliced(const float* BF_RESTRICT x,
       }
     }
   }
-  for (int64_t r = 0; r < M; ++r) {
-    const float* tmp = total[r];
-    float* o = out + r * N + n0;
-    for (int64_t j = 0; j < ncols; ++j) {
-      const float y = tmp[j] + bias[n0 + j];
-      o[j] = ACT == kGeluErf    ? gelu_erf(y)
-             : ACT == kGeluTanh ? gelu_tanh(y)
-             : ACT == kRelu     ? relu(y)
-                                : y;
-    }
-  }
+  store_rows<ACT>(&total[0][0], kMaxPW, bias, out, M, N, n0, ncols);
 }
 
 // The AVX2 few-rows tile: the row-block kernel's MR = 4 x 16-column register tile
