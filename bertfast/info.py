@@ -3,10 +3,31 @@
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 
 import torch
 
 from .ops.dispatch import backend_status
+
+
+def git_revision(mark_dirty: bool = False) -> str | None:
+    """The short commit of the git checkout bertfast runs from, with ``-dirty`` where
+    ``mark_dirty`` and tracked files differ from it; None outside a checkout (an
+    installed wheel) or without git. What benchmark results and tuned tables record."""
+    here = str(Path(__file__).resolve().parent)
+
+    def git(*args: str) -> str | None:
+        out = subprocess.run(["git", "-C", here, *args], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    try:
+        rev = git("rev-parse", "--short", "HEAD")
+        if rev and mark_dirty and git("status", "--porcelain", "--untracked-files=no"):
+            rev += "-dirty"
+        return rev or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def build_info() -> dict[str, object]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -213,18 +212,9 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _made_by(argv_text: str) -> str:
     from . import __version__
+    from .info import git_revision
 
-    commit = None
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        commit = out.stdout.strip() if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        pass
+    commit = git_revision()
     return f"{argv_text} (bertfast {__version__}{', commit ' + commit if commit else ''})"
 
 

@@ -504,3 +504,25 @@ def test_tune_dry_run_writes_a_table_lookup_reads(tmp_path, monkeypatch, capsys)
         assert "dry-run" in winners.table_summary("cpu")
     finally:
         winners.reset()
+
+
+def test_made_by_names_the_command_version_and_commit():
+    """What a tuned table records of its making: the command, bertfast's version and,
+    in a git checkout, its commit (``info.git_revision``: git's own answer)."""
+    import subprocess
+    from pathlib import Path
+
+    from bertfast import __version__
+    from bertfast.info import git_revision
+
+    text = tune._made_by("bertfast tune --dry-run")
+    assert text.startswith(f"bertfast tune --dry-run (bertfast {__version__}")
+    here = Path(tune.__file__).resolve().parent
+    out = subprocess.run(
+        ["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    want = out.stdout.strip() if out.returncode == 0 else None
+    assert git_revision() == want
+    assert (f", commit {want})" in text) if want else text.endswith(")") and "commit" not in text
+    dirty = git_revision(mark_dirty=True)
+    assert dirty is None if want is None else dirty in (want, want + "-dirty")

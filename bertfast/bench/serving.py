@@ -1108,7 +1108,9 @@ def bertfast_spec(
         ver = version("bertfast")
     except Exception:  # a version is a fact to record
         ver = None
-    git = _git_revision(Path(__file__).resolve().parents[2])
+    from ..info import git_revision
+
+    git = git_revision(mark_dirty=True)
     name = "bertfast-ray" if mode == "ray" and has_ray_flag else "bertfast"
     return ServerSpec(
         name=name,
@@ -1170,25 +1172,6 @@ def trivial_spec(**options) -> ServerSpec:
         elif value not in (None, False):
             argv += [flag, str(value)]
     return ServerSpec(name="trivial", argv=argv, version="-", facts=dict(options))
-
-
-def _git_revision(root: Path) -> str | None:
-    try:
-        rev = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{rev}{'-dirty' if dirty else ''}" if rev else None
 
 
 def machine_facts() -> dict:
