@@ -32,7 +32,7 @@ for entry in "$repo"/bertfast/*; do
   case "$(basename "$entry")" in _C.*|__pycache__) continue ;; esac
   ln -s "$entry" "$pkg/bertfast/"
 done
-cp "$build"/_C*.so "$build"/_C.torch-version "$pkg/bertfast/"
+cp "$build"/_C*.so "$pkg/bertfast/"
 
 # The ASan runtime must come first; libstdc++ must be loaded when it starts, or its
 # __cxa_throw interceptor finds nothing to wrap and the first C++ exception aborts

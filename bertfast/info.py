@@ -31,15 +31,15 @@ def git_revision(mark_dirty: bool = False) -> str | None:
 
 
 def build_info() -> dict[str, object]:
-    """What ``bertfast._C`` was built with (``torch``: the torch it was built
-    against), or why it cannot be loaded."""
+    """What ``bertfast._C`` was built with (``torch_built``: the torch whose headers
+    compiled it; ``torch_min``: the oldest torch it loads with, its stable-ABI target),
+    or why it cannot be loaded."""
     from .ops import native
 
     if native.IMPORT_ERROR is not None:  # pragma: no cover - only without a usable build
-        return {"native": False, "error": native.IMPORT_ERROR, "torch": native.BUILT_TORCH}
+        return {"native": False, "error": native.IMPORT_ERROR}
     info = dict(native._C.build_info())
     info["native"] = True
-    info["torch"] = native.BUILT_TORCH
     archs = [a for a in str(info.get("cuda_archs") or "").split(",") if a]
     info["cuda_archs"] = [f"sm_{a}" for a in archs]
     return info

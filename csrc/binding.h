@@ -1,20 +1,27 @@
-// What the CPU (csrc/cpu_ops.cpp) and CUDA (csrc/cuda/cuda_ops.cpp) bindings share:
-// the at::Tensor <-> torch.Tensor caster, argument checks that raise a Python
-// exception naming the op and the argument, and the per-op validation, written
-// once for both backends (one argument order for both; the CUDA entry points add
-// a trailing `stream`).
+// What the CPU (csrc/cpu_ops.cpp, csrc/cpu_int8_ops.cpp) and CUDA
+// (csrc/cuda/cuda_ops.cpp) bindings share: argument checks that raise an error naming
+// the op and the argument, and the per-op validation, written once for both backends
+// (one argument order for both; the CUDA entry points add a trailing `stream`).
 //
-// Only CPU-side ATen headers: the CUDA binding compiles against a CPU-only torch.
+// The tensor entry points are torch operators registered through the LibTorch stable
+// ABI (torch/csrc/stable, STABLE_TORCH_LIBRARY, in each backend's file), built for
+// TORCH_TARGET_VERSION (CMakeLists.txt): the extension calls torch only through its
+// stable C shim, so one build loads with that torch and every later one. An error is
+// thrown as std::invalid_argument / std::out_of_range / std::runtime_error whose
+// message starts with "ValueError: ", "IndexError: " or "TypeError: ";
+// bertfast/_operators.py raises it as that Python exception, the tag removed.
 // Kernels never include this header (they take raw pointers and sizes that the
 // checks here have validated against the tensors' real extents).
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <torch/csrc/utils/pybind.h>  // type_caster<at::Tensor>; torch's own pybind11
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,43 +30,99 @@
 namespace bertfast {
 namespace binding {
 
-namespace py = pybind11;
-using at::Tensor;
-using OptTensor = std::optional<at::Tensor>;
-using release_gil = py::call_guard<py::gil_scoped_release>;
+using Tensor = torch::stable::Tensor;
+using OptTensor = std::optional<Tensor>;
+using ScalarType = torch::headeronly::ScalarType;
+using DeviceType = torch::headeronly::DeviceType;
+using Shape = std::vector<int64_t>;
+using Sizes = torch::headeronly::IntHeaderOnlyArrayRef;
+
+[[noreturn]] inline void throw_value_error(const std::string& msg) {
+  throw std::invalid_argument("ValueError: " + msg);
+}
+[[noreturn]] inline void throw_type_error(const std::string& msg) {
+  throw std::runtime_error("TypeError: " + msg);
+}
+[[noreturn]] inline void throw_index_error(const std::string& msg) {
+  throw std::out_of_range("IndexError: " + msg);
+}
+
+inline std::string dtype_name(ScalarType t) { return torch::headeronly::toString(t); }
+
+inline const char* device_type_name(DeviceType t) {
+  switch (t) {
+    case DeviceType::CPU:
+      return "cpu";
+    case DeviceType::CUDA:
+      return "cuda";
+    case DeviceType::Meta:
+      return "meta";
+    default:
+      return "another device type";
+  }
+}
+
+inline std::string device_name(const torch::stable::Device& d) {
+  std::string s = device_type_name(d.type());
+  if (d.has_index()) s += ":" + std::to_string(static_cast<int>(d.index()));
+  return s;
+}
+
+// An uninitialised tensor of `shape` with `like`'s device and `dtype` (default: like's).
+inline Tensor empty(const Shape& shape, const Tensor& like,
+                    std::optional<ScalarType> dtype = std::nullopt) {
+  return torch::stable::empty(Sizes(shape), dtype ? *dtype : like.scalar_type(), std::nullopt,
+                              like.device());
+}
+
+inline Shape shape_of(const Tensor& t) {
+  const Sizes s = t.sizes();
+  return Shape(s.begin(), s.end());
+}
+
+inline bool same_sizes(const Tensor& a, const Tensor& b) { return a.sizes().equals(b.sizes()); }
+
+// Whether two contiguous tensors share part of their bytes without being the same
+// bytes (the same tensor, or a view of all of it, is a full overlap).
+inline bool partial_overlap(const Tensor& a, const Tensor& b) {
+  const auto* pa = static_cast<const char*>(a.const_data_ptr());
+  const auto* pb = static_cast<const char*>(b.const_data_ptr());
+  const auto na = static_cast<size_t>(a.numel()) * a.element_size();
+  const auto nb = static_cast<size_t>(b.numel()) * b.element_size();
+  if (na == 0 || nb == 0) return false;
+  if (pa == pb && na == nb) return false;
+  return pa < pb + nb && pb < pa + na;
+}
+
+// torch's intra-op thread count (torch.get_num_threads()): the CPU kernels' threads.
+inline int threads() { return std::max(1, static_cast<int>(torch::stable::get_num_threads())); }
 
 // One native entry point's checks: every failure raises ValueError / TypeError /
 // IndexError "bertfast._C.<backend>.<op>: <what was wrong>". Every tensor must be
 // strided, contiguous and on the same device (the first one checked fixes it).
 class Op {
  public:
-  Op(const char* backend, const char* name, c10::DeviceType device_type)
+  Op(const char* backend, const char* name, DeviceType device_type)
       : backend_(backend), name_(name), device_type_(device_type) {}
 
-  [[noreturn]] void value_error(const std::string& msg) const {
-    throw py::value_error(prefix() + msg);
-  }
-  [[noreturn]] void type_error(const std::string& msg) const {
-    throw py::type_error(prefix() + msg);
-  }
-  [[noreturn]] void index_error(const std::string& msg) const {
-    throw py::index_error(prefix() + msg);
-  }
+  [[noreturn]] void value_error(const std::string& msg) const { throw_value_error(prefix() + msg); }
+  [[noreturn]] void type_error(const std::string& msg) const { throw_type_error(prefix() + msg); }
+  [[noreturn]] void index_error(const std::string& msg) const { throw_index_error(prefix() + msg); }
 
   // Strided, contiguous, on this op's device.
   void tensor(const Tensor& t, const char* name) {
     if (!t.defined()) type_error(std::string(name) + " is an undefined tensor");
-    if (t.layout() != c10::kStrided)
+    if (t.layout() != torch::headeronly::Layout::Strided)
       type_error(std::string(name) + " must be a strided (dense) tensor");
-    const c10::Device dev = t.device();
+    const torch::stable::Device dev = t.device();
     if (dev.type() != device_type_)
-      value_error(std::string(name) + " is on " + dev.str() + "; this entry point takes " +
-                  c10::DeviceTypeName(device_type_, /*lower_case=*/true) + " tensors");
+      value_error(std::string(name) + " is on " + device_name(dev) + "; this entry point takes " +
+                  device_type_name(device_type_) + " tensors");
     if (!device_) {
       device_ = dev;
     } else if (*device_ != dev) {
-      value_error(std::string(name) + " is on " + dev.str() + ", the other tensors on " +
-                  device_->str());
+      value_error(std::string(name) + " is on " + device_name(dev) + ", the other tensors on " +
+                  device_name(*device_));
     }
     if (!t.is_contiguous()) value_error(std::string(name) + " must be contiguous");
   }
@@ -68,32 +131,32 @@ class Op {
   int float_tensor(const Tensor& t, const char* name) {
     tensor(t, name);
     switch (t.scalar_type()) {
-      case at::kFloat:
+      case ScalarType::Float:
         return kFloat32;
-      case at::kHalf:
+      case ScalarType::Half:
         return kFloat16;
-      case at::kBFloat16:
+      case ScalarType::BFloat16:
         return kBFloat16;
       default:
-        type_error(std::string(name) + " has dtype " + c10::toString(t.scalar_type()) +
+        type_error(std::string(name) + " has dtype " + dtype_name(t.scalar_type()) +
                    "; expected float32, float16 or bfloat16");
     }
   }
 
   // tensor() of exactly this dtype.
-  void tensor(const Tensor& t, const char* name, at::ScalarType dtype) {
+  void tensor(const Tensor& t, const char* name, ScalarType dtype) {
     tensor(t, name);
     if (t.scalar_type() != dtype)
-      type_error(std::string(name) + " has dtype " + c10::toString(t.scalar_type()) +
-                 ", expected " + c10::toString(dtype));
+      type_error(std::string(name) + " has dtype " + dtype_name(t.scalar_type()) + ", expected " +
+                 dtype_name(dtype));
   }
 
   // tensor() with ref's dtype.
   void like(const Tensor& t, const char* name, const Tensor& ref, const char* ref_name) {
     tensor(t, name);
     if (t.scalar_type() != ref.scalar_type())
-      type_error(std::string(name) + " has dtype " + c10::toString(t.scalar_type()) + " but " +
-                 ref_name + " has " + c10::toString(ref.scalar_type()));
+      type_error(std::string(name) + " has dtype " + dtype_name(t.scalar_type()) + " but " +
+                 ref_name + " has " + dtype_name(ref.scalar_type()));
   }
 
   void dims(const Tensor& t, const char* name, int64_t n) const {
@@ -126,10 +189,9 @@ class Op {
   }
 
   // Integer ids the kernels index with: int64, `shape`.
-  void ids(const Tensor& t, const char* name, at::IntArrayRef expected_shape,
-           const char* shape_of) {
-    tensor(t, name, at::kLong);
-    if (t.sizes() != expected_shape)
+  void ids(const Tensor& t, const char* name, Sizes expected_shape, const char* shape_of) {
+    tensor(t, name, ScalarType::Long);
+    if (!t.sizes().equals(expected_shape))
       value_error(std::string(name) + " has shape " + shape(t) + ", expected " +
                   shape(expected_shape) + " (the shape of " + shape_of + ")");
   }
@@ -152,7 +214,7 @@ class Op {
 
   const char* name() const { return name_; }
 
-  static std::string shape(at::IntArrayRef sizes) {
+  static std::string shape(Sizes sizes) {
     std::string s = "(";
     for (size_t i = 0; i < sizes.size(); ++i) {
       if (i) s += ", ";
@@ -167,8 +229,8 @@ class Op {
 
   const char* backend_;
   const char* name_;
-  c10::DeviceType device_type_;
-  std::optional<c10::Device> device_;
+  DeviceType device_type_;
+  std::optional<torch::stable::Device> device_;
 };
 
 // ---------------------------------------------------------------- per-op checks
@@ -203,7 +265,7 @@ inline EmbedArgs check_embed_layernorm(Op& op, const Tensor& input_ids, const Te
   }
   op.vector(weight, "weight", a.width, word, "word_embeddings");
   op.vector(bias, "bias", a.width, word, "word_embeddings");
-  op.tensor(input_ids, "input_ids", at::kLong);
+  op.tensor(input_ids, "input_ids", ScalarType::Long);
   op.ids(position_ids, "position_ids", input_ids.sizes(), "input_ids");
   if (token_type_ids) op.ids(*token_type_ids, "token_type_ids", input_ids.sizes(), "input_ids");
   op.positive(eps, "eps");
@@ -211,8 +273,8 @@ inline EmbedArgs check_embed_layernorm(Op& op, const Tensor& input_ids, const Te
   return a;
 }
 
-inline std::vector<int64_t> embed_out_shape(const Tensor& input_ids, int64_t width) {
-  std::vector<int64_t> shape(input_ids.sizes().begin(), input_ids.sizes().end());
+inline Shape embed_out_shape(const Tensor& input_ids, int64_t width) {
+  Shape shape = shape_of(input_ids);
   shape.push_back(width);
   return shape;
 }
@@ -231,7 +293,7 @@ inline RowsArgs check_add_layernorm(Op& op, const Tensor& x, const Tensor& resid
   a.width = x.size(-1);
   a.rows = a.width ? x.numel() / a.width : 0;
   op.like(residual, "residual", x, "x");
-  if (residual.sizes() != x.sizes())
+  if (!same_sizes(residual, x))
     op.value_error("residual has shape " + Op::shape(residual) + ", x has " + Op::shape(x));
   if (bias) op.vector(*bias, "bias", a.width, x, "x");
   op.vector(weight, "weight", a.width, x, "x");
@@ -284,8 +346,8 @@ inline AttentionArgs check_attention(Op& op, const Tensor& qkv, const OptTensor&
   a.tokens = a.batch * a.seqlen;
   if (mask) {
     op.tensor(*mask, "attention_mask");
-    if (mask->scalar_type() != at::kBool && mask->scalar_type() != at::kByte)
-      op.type_error("attention_mask has dtype " + std::string(c10::toString(mask->scalar_type())) +
+    if (mask->scalar_type() != ScalarType::Bool && mask->scalar_type() != ScalarType::Byte)
+      op.type_error("attention_mask has dtype " + dtype_name(mask->scalar_type()) +
                     ", expected bool or uint8 (nonzero = real token)");
     if (mask->dim() != 2 || mask->size(0) != a.batch || mask->size(1) != a.seqlen)
       op.value_error("attention_mask has shape " + Op::shape(*mask) + ", expected [batch, seq] (" +
@@ -302,7 +364,7 @@ inline AttentionArgs check_attention_varlen(Op& op, const Tensor& qkv, const Ten
   a.dtype = op.float_tensor(qkv, "qkv");
   op.dims(qkv, "qkv", 2);
   check_heads(op, qkv, num_heads, a);
-  op.tensor(cu_seqlens, "cu_seqlens", at::kInt);
+  op.tensor(cu_seqlens, "cu_seqlens", ScalarType::Int);
   op.dims(cu_seqlens, "cu_seqlens", 1);
   if (cu_seqlens.size(0) < 1) op.value_error("cu_seqlens must have batch + 1 >= 1 entries");
   if (max_seqlen < 0) op.value_error("max_seqlen must be >= 0, got " + std::to_string(max_seqlen));
@@ -317,7 +379,7 @@ struct RowMoveArgs {
 };
 
 inline int64_t row_bytes_of(const Tensor& x) {
-  int64_t n = x.element_size();
+  int64_t n = static_cast<int64_t>(x.element_size());
   for (int64_t d = 1; d < x.dim(); ++d) n *= x.size(d);
   return n;
 }
@@ -325,7 +387,7 @@ inline int64_t row_bytes_of(const Tensor& x) {
 inline RowMoveArgs check_pack_rows(Op& op, const Tensor& x, const Tensor& indices) {
   op.tensor(x, "x");
   op.min_dims(x, "x", 1);
-  op.tensor(indices, "indices", at::kLong);
+  op.tensor(indices, "indices", ScalarType::Long);
   op.dims(indices, "indices", 1);
   return {indices.size(0), row_bytes_of(x)};
 }
@@ -338,8 +400,8 @@ inline RowMoveArgs check_unpack_rows(Op& op, const Tensor& x, const Tensor& indi
   return a;
 }
 
-inline std::vector<int64_t> rows_shape(const Tensor& x, int64_t rows) {
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+inline Shape rows_shape(const Tensor& x, int64_t rows) {
+  Shape shape = shape_of(x);
   shape[0] = rows;
   return shape;
 }

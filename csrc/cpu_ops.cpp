@@ -1,18 +1,19 @@
-// bertfast._C.cpu: bindings of the CPU kernels in kernels/cpu/.
+// bertfast._C.cpu: the CPU kernels in kernels/cpu/ as torch operators
+// (torch.ops.bertfast_cpu.*, registered through the stable ABI: csrc/binding.h;
+// its module init puts each on bertfast._C.cpu: bertfast/_operators.py).
 //
 // Every entry point takes torch tensors, checks them (csrc/binding.h: device,
 // dtype, contiguity, every size the kernel relies on; a mismatch raises
 // ValueError / TypeError / IndexError naming the op and the argument), allocates
-// its output and runs the kernel with the GIL released on torch's intra-op thread
-// count (torch.get_num_threads()). The argument order is the CUDA side's
-// (csrc/cuda/cuda_ops.cpp), which adds a trailing `stream`.
-#include <ATen/MemoryOverlap.h>
-#include <ATen/Parallel.h>
+// its output and runs the kernel on torch's intra-op thread count
+// (torch.get_num_threads()); torch releases the GIL around an operator call. The
+// argument order is the CUDA side's (csrc/cuda/cuda_ops.cpp), which adds a trailing
+// `stream`.
+#include <torch/csrc/stable/library.h>
 
 #include <algorithm>
 
 #include "binding.h"
-#include "registry.h"
 
 #include "cpu/kernels.h"
 
@@ -23,9 +24,7 @@ using namespace binding;
 
 constexpr const char* kBackend = "cpu";
 
-Op cpu_op(const char* name) { return Op(kBackend, name, c10::DeviceType::CPU); }
-
-int threads() { return std::max(1, at::get_num_threads()); }
+Op cpu_op(const char* name) { return Op(kBackend, name, DeviceType::CPU); }
 
 Tensor embed_layernorm(const Tensor& input_ids, const Tensor& position_ids,
                        const OptTensor& token_type_ids, const Tensor& word, const Tensor& pos,
@@ -34,7 +33,7 @@ Tensor embed_layernorm(const Tensor& input_ids, const Tensor& position_ids,
   Op op = cpu_op("embed_layernorm");
   const EmbedArgs a = check_embed_layernorm(op, input_ids, position_ids, token_type_ids, word, pos,
                                             types, weight, bias, eps);
-  Tensor out = at::empty(embed_out_shape(input_ids, a.width), word.options());
+  Tensor out = empty(embed_out_shape(input_ids, a.width), word);
   if (a.tokens == 0 || a.width == 0) return out;
   // Ids outside their table give a NaN row (the kernel never reads out of bounds).
   cpu::embed_layernorm(a.dtype, out.data_ptr(), input_ids.const_data_ptr<int64_t>(),
@@ -58,15 +57,13 @@ Tensor add_layernorm(const Tensor& x, const Tensor& residual, const OptTensor& b
     // residual itself, never another part of them.
     out = *out_opt;
     op.like(out, "out", x, "x");
-    if (out.sizes() != x.sizes())
+    if (!same_sizes(out, x))
       op.value_error("out has shape " + Op::shape(out) + ", x has " + Op::shape(x));
-    for (const Tensor* t : {&x, &residual}) {
-      const at::MemOverlapStatus overlap = at::get_overlap_status(out, *t);
-      if (overlap == at::MemOverlapStatus::Partial)
+    for (const Tensor* t : {&x, &residual})
+      if (partial_overlap(out, *t))
         op.value_error("out overlaps x or residual partly; pass them or a separate tensor");
-    }
   } else {
-    out = at::empty(x.sizes(), x.options());
+    out = empty(shape_of(x), x);
   }
   if (a.rows == 0 || a.width == 0) return out;
   cpu::add_layernorm(a.dtype, out.data_ptr(), x.const_data_ptr(), residual.const_data_ptr(),
@@ -79,7 +76,7 @@ Tensor bias_act(const Tensor& x, const OptTensor& bias, const std::string& activ
                 bool inplace) {
   Op op = cpu_op("bias_act");
   const BiasActArgs a = check_bias_act(op, x, bias, activation);
-  Tensor out = inplace ? x : at::empty(x.sizes(), x.options());
+  Tensor out = inplace ? x : empty(shape_of(x), x);
   if (a.rows == 0 || a.width == 0) return out;
   cpu::bias_act(a.dtype, out.data_ptr(), x.const_data_ptr(),
                 bias ? bias->const_data_ptr() : nullptr, a.rows, a.width, a.activation, threads());
@@ -89,7 +86,7 @@ Tensor bias_act(const Tensor& x, const OptTensor& bias, const std::string& activ
 Tensor attention(const Tensor& qkv, const OptTensor& mask, int64_t num_heads, double scale) {
   Op op = cpu_op("attention");
   const AttentionArgs a = check_attention(op, qkv, mask, num_heads);
-  Tensor out = at::empty({a.batch, a.seqlen, a.hidden}, qkv.options());
+  Tensor out = empty({a.batch, a.seqlen, a.hidden}, qkv);
   if (out.numel() == 0) return out;
   cpu::attention_padded(a.dtype, out.data_ptr(), qkv.const_data_ptr(),
                         mask ? static_cast<const uint8_t*>(mask->const_data_ptr()) : nullptr,
@@ -116,7 +113,7 @@ Tensor attention_varlen(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max
       op.value_error("sequence " + std::to_string(b) +
                      " is longer than max_seqlen=" + std::to_string(max_seqlen));
   }
-  Tensor out = at::empty({a.tokens, a.hidden}, qkv.options());
+  Tensor out = empty({a.tokens, a.hidden}, qkv);
   if (a.hidden == 0) return out;
   cpu::attention_varlen(a.dtype, out.data_ptr(), qkv.const_data_ptr(), cu, a.batch, a.tokens,
                         a.num_heads, a.hidden, static_cast<float>(scale), threads());
@@ -126,7 +123,7 @@ Tensor attention_varlen(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max
 Tensor pack_rows(const Tensor& x, const Tensor& indices) {
   Op op = cpu_op("pack_rows");
   const RowMoveArgs a = check_pack_rows(op, x, indices);
-  Tensor out = at::empty(rows_shape(x, a.num_indices), x.options());
+  Tensor out = empty(rows_shape(x, a.num_indices), x);
   // Raises IndexError for an index outside [0, x.shape[0]) before copying anything.
   cpu::pack_rows(out.data_ptr(), x.const_data_ptr(), indices.const_data_ptr<int64_t>(),
                  a.num_indices, x.size(0), a.row_bytes, threads());
@@ -136,7 +133,7 @@ Tensor pack_rows(const Tensor& x, const Tensor& indices) {
 Tensor unpack_rows(const Tensor& x, const Tensor& indices, int64_t num_rows) {
   Op op = cpu_op("unpack_rows");
   const RowMoveArgs a = check_unpack_rows(op, x, indices, num_rows);
-  Tensor out = at::empty(rows_shape(x, num_rows), x.options());
+  Tensor out = empty(rows_shape(x, num_rows), x);
   cpu::unpack_rows(out.data_ptr(), x.const_data_ptr(), indices.const_data_ptr<int64_t>(),
                    a.num_indices, num_rows, a.row_bytes, threads());
   return out;
@@ -151,14 +148,14 @@ struct LinearArgs {
 LinearArgs check_linear(Op& op, const Tensor& x, int64_t N, const OptTensor& bias,
                         const std::optional<std::string>& activation) {
   LinearArgs a{};
-  op.tensor(x, "x", at::kFloat);
+  op.tensor(x, "x", ScalarType::Float);
   op.min_dims(x, "x", 1);
   a.K = x.size(-1);
   a.M = 1;  // the leading dims (also when K == 0: then out = act(bias))
   for (int64_t d = 0; d + 1 < x.dim(); ++d) a.M *= x.size(d);
   a.N = N;
   if (bias) {
-    op.tensor(*bias, "bias", at::kFloat);
+    op.tensor(*bias, "bias", ScalarType::Float);
     op.dims(*bias, "bias", 1);
     op.size(*bias, "bias", 0, N, "out_features");
   }
@@ -166,8 +163,8 @@ LinearArgs check_linear(Op& op, const Tensor& x, int64_t N, const OptTensor& bia
   return a;
 }
 
-std::vector<int64_t> linear_out_shape(const Tensor& x, int64_t N) {
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+Shape linear_out_shape(const Tensor& x, int64_t N) {
+  Shape shape = shape_of(x);
   shape.back() = N;
   return shape;
 }
@@ -175,11 +172,11 @@ std::vector<int64_t> linear_out_shape(const Tensor& x, int64_t N) {
 Tensor linear_act(const Tensor& x, const Tensor& weight, const OptTensor& bias,
                   const std::optional<std::string>& activation, bool allow_avx512) {
   Op op = cpu_op("linear_act");
-  op.tensor(weight, "weight", at::kFloat);
+  op.tensor(weight, "weight", ScalarType::Float);
   op.dims(weight, "weight", 2);
   const LinearArgs a = check_linear(op, x, weight.size(0), bias, activation);
   op.size(weight, "weight", 1, a.K, "x's last dimension");
-  Tensor out = at::empty(linear_out_shape(x, a.N), x.options());
+  Tensor out = empty(linear_out_shape(x, a.N), x);
   if (out.numel() == 0) return out;
   cpu::linear_act(out.data_ptr(), x.const_data_ptr(), weight.const_data_ptr(),
                   bias ? bias->const_data_ptr() : nullptr, a.M, a.N, a.K, a.activation,
@@ -190,11 +187,11 @@ Tensor linear_act(const Tensor& x, const Tensor& weight, const OptTensor& bias,
 // packed: [ceil(N / panel) , K, panel] floats, panel = linear_panel_width(allow_avx512).
 Tensor linear_pack(const Tensor& weight, bool allow_avx512) {
   Op op = cpu_op("linear_pack");
-  op.tensor(weight, "weight", at::kFloat);
+  op.tensor(weight, "weight", ScalarType::Float);
   op.dims(weight, "weight", 2);
   const int64_t N = weight.size(0), K = weight.size(1);
   const int64_t panel = cpu::linear_panel_width(allow_avx512);
-  Tensor packed = at::empty({(N + panel - 1) / panel, K, panel}, weight.options());
+  Tensor packed = empty({(N + panel - 1) / panel, K, panel}, weight);
   if (packed.numel() == 0) return packed;
   cpu::linear_pack(packed.data_ptr(), weight.const_data_ptr(), N, K, allow_avx512, threads());
   return packed;
@@ -207,7 +204,7 @@ Tensor linear_packed(const Tensor& x, const Tensor& packed, const OptTensor& bia
   if (out_features < 0)
     op.value_error("out_features must be >= 0, got " + std::to_string(out_features));
   const LinearArgs a = check_linear(op, x, out_features, bias, activation);
-  op.tensor(packed, "packed", at::kFloat);
+  op.tensor(packed, "packed", ScalarType::Float);
   op.dims(packed, "packed", 3);
   // Panels of the GEMM's own width, or of a multiple of it (oneDNN's 64-wide blocks).
   const int64_t nr = cpu::linear_panel_width(allow_avx512);
@@ -217,7 +214,7 @@ Tensor linear_packed(const Tensor& x, const Tensor& packed, const OptTensor& bia
                    " for this allow_avx512, got " + std::to_string(panel));
   op.size(packed, "packed", 1, a.K, "x's last dimension");
   op.size(packed, "packed", 0, (a.N + panel - 1) / panel, "panels for out_features");
-  Tensor out = at::empty(linear_out_shape(x, a.N), x.options());
+  Tensor out = empty(linear_out_shape(x, a.N), x);
   if (out.numel() == 0) return out;
   cpu::linear_packed(out.data_ptr(), x.const_data_ptr(), packed.const_data_ptr(),
                      bias ? bias->const_data_ptr() : nullptr, a.M, a.N, a.K, panel, a.activation,
@@ -226,12 +223,11 @@ Tensor linear_packed(const Tensor& x, const Tensor& packed, const OptTensor& bia
 }
 
 // Runs one step of a composite entry point (encoder_layer): an error of the entry point
-// it calls ("bertfast._C.cpu.<inner>: <what>") is raised as the composite's, naming
-// the step: "bertfast._C.cpu.<op>: <step> (<inner>): <what>".
+// it calls ("<Kind>: bertfast._C.cpu.<inner>: <what>") is raised as the composite's,
+// naming the step: "<Kind>: bertfast._C.cpu.<op>: <step> (<inner>): <what>".
 template <typename F>
 Tensor step(const Op& op, const char* name, F&& run) {
-  const auto renamed = [name](const char* what) {
-    std::string msg(what);
+  const auto renamed = [name](const std::string& msg) {
     const std::string prefix = "bertfast._C.cpu.";
     if (msg.rfind(prefix, 0) == 0) {
       const size_t colon = msg.find(": ", prefix.size());
@@ -241,14 +237,19 @@ Tensor step(const Op& op, const char* name, F&& run) {
     }
     return std::string(name) + ": " + msg;
   };
+  // The message without its "<Kind>: " tag when it has that tag.
+  const auto untagged = [](const char* what, const char* tag) -> std::optional<std::string> {
+    const std::string msg(what);
+    if (msg.rfind(tag, 0) != 0) return std::nullopt;
+    return msg.substr(std::string(tag).size());
+  };
   try {
     return run();
-  } catch (const py::value_error& e) {
-    op.value_error(renamed(e.what()));
-  } catch (const py::type_error& e) {
-    op.type_error(renamed(e.what()));
-  } catch (const py::index_error& e) {
-    op.index_error(renamed(e.what()));
+  } catch (const std::exception& e) {
+    if (auto m = untagged(e.what(), "ValueError: ")) op.value_error(renamed(*m));
+    if (auto m = untagged(e.what(), "TypeError: ")) op.type_error(renamed(*m));
+    if (auto m = untagged(e.what(), "IndexError: ")) op.index_error(renamed(*m));
+    throw;
   }
 }
 
@@ -268,7 +269,7 @@ Tensor encoder_layer(const Tensor& h, const Tensor& cu_seqlens, int64_t max_seql
                      const OptTensor& ffn_out_bias, const Tensor& ffn_ln_weight,
                      const Tensor& ffn_ln_bias, double eps, bool allow_avx512) {
   Op op = cpu_op("encoder_layer");
-  op.tensor(h, "h", at::kFloat);
+  op.tensor(h, "h", ScalarType::Float);
   op.dims(h, "h", 2);
   if (intermediate < 0)
     op.value_error("intermediate must be >= 0, got " + std::to_string(intermediate));
@@ -298,57 +299,67 @@ Tensor encoder_layer(const Tensor& h, const Tensor& cu_seqlens, int64_t max_seql
 }
 
 }  // namespace
+}  // namespace bertfast
 
-void register_cpu_ops(pybind11::module_& m) {
-  using py::arg;
-  auto cpu = m.def_submodule("cpu", "C++ CPU kernels (kernels/cpu/); see bertfast/ops/cpu.py");
-  cpu.def("embed_layernorm", &embed_layernorm, release_gil(),
-          "LayerNorm(word[ids] + types[tt] + pos[p]) -> [*ids.shape, E]; a NaN row for an id "
-          "outside its table",
-          arg("input_ids"), arg("position_ids"), arg("token_type_ids"), arg("word"), arg("pos"),
-          arg("types"), arg("weight"), arg("bias"), arg("eps"));
-  cpu.def("add_layernorm", &add_layernorm, release_gil(),
-          "LayerNorm((x + bias) + residual) over the last dim, into out (optional: x, "
-          "residual or a tensor of x's shape not overlapping them)",
-          arg("x"), arg("residual"), arg("bias"), arg("weight"), arg("ln_bias"), arg("eps"),
-          arg("out") = py::none());
-  cpu.def("bias_act", &bias_act, release_gil(),
-          "act(x + bias) over the last dim (gelu, gelu_tanh, relu); inplace writes into x",
-          arg("x"), arg("bias"), arg("activation"), arg("inplace"));
-  cpu.def("attention", &attention, release_gil(),
-          "attention over qkv [B, S, 3H], key mask [B, S] (bool/uint8, optional) -> [B, S, H]",
-          arg("qkv"), arg("mask"), arg("num_heads"), arg("scale"));
-  cpu.def("attention_varlen", &attention_varlen, release_gil(),
-          "attention over packed qkv [T, 3H] with cu_seqlens [B + 1] (int32) -> [T, H]", arg("qkv"),
-          arg("cu_seqlens"), arg("max_seqlen"), arg("num_heads"), arg("scale"));
-  cpu.def("pack_rows", &pack_rows, release_gil(), "x[indices] (IndexError out of range)", arg("x"),
-          arg("indices"));
-  cpu.def("unpack_rows", &unpack_rows, release_gil(),
-          "out[indices[i]] = x[i], zero rows elsewhere, num_rows rows", arg("x"), arg("indices"),
-          arg("num_rows"));
-  cpu.def("linear_act", &linear_act, release_gil(),
-          "fp32 act(x @ weight.T + bias), activation None/gelu/gelu_tanh/relu; "
-          "allow_avx512=False forces the AVX2 kernel",
-          arg("x"), arg("weight"), arg("bias"), arg("activation"), arg("allow_avx512") = true);
-  cpu.def("linear_panel_width", &cpu::linear_panel_width,
-          "columns per packed weight panel of the GEMM this CPU runs (32 AVX-512, 16 AVX2)",
-          arg("allow_avx512") = true);
-  cpu.def("linear_pack", &linear_pack, release_gil(),
-          "weight [N, K] packed for linear_packed: [ceil(N / panel), K, panel]", arg("weight"),
-          arg("allow_avx512") = true);
-  cpu.def("linear_packed", &linear_packed, release_gil(),
-          "linear_act with a weight packed by linear_pack (same allow_avx512)", arg("x"),
-          arg("packed"), arg("bias"), arg("out_features"), arg("activation"),
-          arg("allow_avx512") = true);
-  cpu.def("encoder_layer", &encoder_layer, release_gil(),
-          "one encoder layer on packed tokens h [T, H] (fp32): QKV, attention_varlen, output "
-          "projection + add_layernorm, FFN in + activation, FFN out + add_layernorm; weights "
-          "packed by linear_pack (or oneDNN's 64-wide panels)",
-          arg("h"), arg("cu_seqlens"), arg("max_seqlen"), arg("num_heads"), arg("scale"),
-          arg("qkv"), arg("qkv_bias"), arg("attn_out"), arg("attn_out_bias"), arg("attn_ln_weight"),
-          arg("attn_ln_bias"), arg("ffn_in"), arg("ffn_in_bias"), arg("intermediate"),
-          arg("activation"), arg("ffn_out"), arg("ffn_out_bias"), arg("ffn_ln_weight"),
-          arg("ffn_ln_bias"), arg("eps"), arg("allow_avx512") = true);
+// Schemas: the argument names and defaults are the Python keywords.
+STABLE_TORCH_LIBRARY(bertfast_cpu, m) {
+  // LayerNorm(word[ids] + types[tt] + pos[p]) -> [*ids.shape, E]; a NaN row for an id
+  // outside its table.
+  m.def(
+      "embed_layernorm(Tensor input_ids, Tensor position_ids, Tensor? token_type_ids, "
+      "Tensor word, Tensor pos, Tensor? types, Tensor weight, Tensor bias, float eps) -> Tensor");
+  // LayerNorm((x + bias) + residual) over the last dim, into out (optional: x, residual
+  // or a tensor of x's shape not overlapping them).
+  m.def(
+      "add_layernorm(Tensor x, Tensor residual, Tensor? bias, Tensor weight, Tensor ln_bias, "
+      "float eps, Tensor(a!)? out=None) -> Tensor");
+  // act(x + bias) over the last dim (gelu, gelu_tanh, relu); inplace writes into x.
+  m.def("bias_act(Tensor(a!) x, Tensor? bias, str activation, bool inplace) -> Tensor");
+  // Attention over qkv [B, S, 3H], key mask [B, S] (bool/uint8, optional) -> [B, S, H].
+  m.def("attention(Tensor qkv, Tensor? mask, int num_heads, float scale) -> Tensor");
+  // Attention over packed qkv [T, 3H] with cu_seqlens [B + 1] (int32) -> [T, H].
+  m.def(
+      "attention_varlen(Tensor qkv, Tensor cu_seqlens, int max_seqlen, int num_heads, "
+      "float scale) -> Tensor");
+  // x[indices] (IndexError out of range).
+  m.def("pack_rows(Tensor x, Tensor indices) -> Tensor");
+  // out[indices[i]] = x[i], zero rows elsewhere, num_rows rows.
+  m.def("unpack_rows(Tensor x, Tensor indices, int num_rows) -> Tensor");
+  // fp32 act(x @ weight.T + bias), activation None/gelu/gelu_tanh/relu; allow_avx512=False
+  // forces the AVX2 kernel.
+  m.def(
+      "linear_act(Tensor x, Tensor weight, Tensor? bias, str? activation, "
+      "bool allow_avx512=True) -> Tensor");
+  // weight [N, K] packed for linear_packed: [ceil(N / panel), K, panel].
+  m.def("linear_pack(Tensor weight, bool allow_avx512=True) -> Tensor");
+  // linear_act with a weight packed by linear_pack (same allow_avx512).
+  m.def(
+      "linear_packed(Tensor x, Tensor packed, Tensor? bias, int out_features, str? activation, "
+      "bool allow_avx512=True) -> Tensor");
+  // One encoder layer on packed tokens h [T, H] (fp32): QKV, attention_varlen, output
+  // projection + add_layernorm, FFN in + activation, FFN out + add_layernorm; weights
+  // packed by linear_pack (or oneDNN's 64-wide panels).
+  m.def(
+      "encoder_layer(Tensor h, Tensor cu_seqlens, int max_seqlen, int num_heads, float scale, "
+      "Tensor qkv, Tensor? qkv_bias, Tensor attn_out, Tensor? attn_out_bias, "
+      "Tensor attn_ln_weight, Tensor attn_ln_bias, Tensor ffn_in, Tensor? ffn_in_bias, "
+      "int intermediate, str? activation, Tensor ffn_out, Tensor? ffn_out_bias, "
+      "Tensor ffn_ln_weight, Tensor ffn_ln_bias, float eps, bool allow_avx512=True) -> Tensor");
 }
 
-}  // namespace bertfast
+// CompositeExplicitAutograd: every device reaches the entry point, whose own check
+// names the wrong device.
+STABLE_TORCH_LIBRARY_IMPL(bertfast_cpu, CompositeExplicitAutograd, m) {
+  using namespace bertfast;
+  m.impl("embed_layernorm", TORCH_BOX(&embed_layernorm));
+  m.impl("add_layernorm", TORCH_BOX(&add_layernorm));
+  m.impl("bias_act", TORCH_BOX(&bias_act));
+  m.impl("attention", TORCH_BOX(&attention));
+  m.impl("attention_varlen", TORCH_BOX(&attention_varlen));
+  m.impl("pack_rows", TORCH_BOX(&pack_rows));
+  m.impl("unpack_rows", TORCH_BOX(&unpack_rows));
+  m.impl("linear_act", TORCH_BOX(&linear_act));
+  m.impl("linear_pack", TORCH_BOX(&linear_pack));
+  m.impl("linear_packed", TORCH_BOX(&linear_packed));
+  m.impl("encoder_layer", TORCH_BOX(&encoder_layer));
+}

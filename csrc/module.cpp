@@ -1,15 +1,28 @@
-// bertfast._C: the native kernels, bound through pybind11 (torch's bundled copy,
-// the one its at::Tensor caster is written for).
+// bertfast._C: the native kernels' Python module, bound through pybind11.
 //
-// Submodules: _C.cpu (csrc/cpu_ops.cpp) and, when nvcc was found at build time,
-// _C.cuda (csrc/cuda/cuda_ops.cpp). Both take torch tensors, check them and raise a
-// Python exception naming the op and the argument on any mismatch. Here: what the
-// build contains and the constants of kernels/constants.h.
+// The tensor entry points are torch operators that loading this module registers
+// (csrc/cpu_ops.cpp, csrc/cpu_int8_ops.cpp and, when nvcc was found at build time,
+// csrc/cuda/cuda_ops.cpp: torch.ops.bertfast_cpu.* and torch.ops.bertfast_cuda.*),
+// through the LibTorch stable ABI, so the module loads with every torch from its
+// target version on. The init below puts each operator on _C.cpu / _C.cuda
+// (bertfast/_operators.py).
+// Here, with no torch header: what the build contains, the constants of
+// kernels/constants.h, and the backends' tensor-free functions (csrc/registry.h).
+//
+// torch's headers before 2.13 refuse pybind11 when TORCH_TARGET_VERSION is defined
+// (CMakeLists.txt defines it for every file); nothing here uses torch.
+#pragma push_macro("TORCH_TARGET_VERSION")
+#undef TORCH_TARGET_VERSION
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#pragma pop_macro("TORCH_TARGET_VERSION")
 
 #include <iterator>
+#include <optional>
+#include <string>
 
 #include "constants.h"
+#include "cpu/kernels.h"
 #include "registry.h"
 
 namespace py = pybind11;
@@ -20,6 +33,12 @@ namespace py = pybind11;
 #ifndef BERTFAST_CUDA_STATUS
 #define BERTFAST_CUDA_STATUS "unknown"
 #endif
+#ifndef BERTFAST_TORCH_MIN
+#define BERTFAST_TORCH_MIN "unknown"
+#endif
+#ifndef BERTFAST_TORCH_BUILT
+#define BERTFAST_TORCH_BUILT "unknown"
+#endif
 
 namespace {
 
@@ -27,6 +46,10 @@ py::dict build_info() {
   py::dict info;
   info["cxx_compiler"] = BERTFAST_CXX_COMPILER;
   info["cuda_status"] = BERTFAST_CUDA_STATUS;
+  // The oldest torch this build loads with (its stable-ABI target) and the torch whose
+  // headers it was compiled with.
+  info["torch_min"] = BERTFAST_TORCH_MIN;
+  info["torch_built"] = BERTFAST_TORCH_BUILT;
 #ifdef BERTFAST_WITH_OPENMP
   info["openmp"] = true;
 #else
@@ -79,9 +102,37 @@ PYBIND11_MODULE(_C, m) {
         "What this build contains: C++ compiler, OpenMP, CUDA version and architectures.");
   m.def("constants", &constants,
         "dtype and activation codes, CUDA head dims and size limits (kernels/constants.h)");
-  bertfast::register_cpu_ops(m);
-  bertfast::register_cpu_int8_ops(m);
+  using py::arg;
+  auto cpu = m.def_submodule(
+      "cpu", "C++ CPU kernels (kernels/cpu/); see bertfast/ops/cpu.py and bertfast/ops/native.py");
+  cpu.def("linear_panel_width", &bertfast::cpu::linear_panel_width,
+          "columns per packed weight panel of the GEMM this CPU runs (32 AVX-512, 16 AVX2)",
+          arg("allow_avx512") = true);
+  cpu.def(
+      "int8_isa",
+      [](const std::optional<std::string>& isa) {
+        try {
+          return bertfast::cpu_int8_isa(isa);
+        } catch (const std::invalid_argument& e) {  // "ValueError: <message>"
+          const std::string msg = e.what(), tag = "ValueError: ";
+          throw py::value_error(msg.rfind(tag, 0) == 0 ? msg.substr(tag.size()) : msg);
+        }
+      },
+      "the int8 micro-kernel a call with this isa runs: 'amx', 'vnni' or 'avx2' (None reads "
+      "BERTFAST_CPU_INT8_ISA; ValueError for a name this CPU cannot run)",
+      arg("isa") = py::none());
 #ifdef BERTFAST_WITH_CUDA
-  bertfast::register_cuda_ops(m);
+  auto cuda = m.def_submodule(
+      "cuda",
+      "CUDA C++ kernels (kernels/cuda/); see bertfast/ops/cuda.py and bertfast/ops/native.py");
+  cuda.def("device_count", &bertfast::cuda_device_count,
+           "CUDA devices the runtime sees, or -cudaError_t when none is usable");
+  cuda.def("error_name", &bertfast::cuda_error_name, "Name of a cudaError_t code", arg("code"));
+#endif
+  // The operators (registered when this library was loaded) as functions of _C.cpu / _C.cuda.
+  auto attach = py::module_::import("bertfast._operators").attr("attach");
+  attach(cpu, "bertfast_cpu");
+#ifdef BERTFAST_WITH_CUDA
+  attach(cuda, "bertfast_cuda");
 #endif
 }

@@ -14,12 +14,15 @@
 import os
 import re
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
 import bertfast
 
+ROOT = Path(__file__).resolve().parents[1]
 _FALSE = ("", "0", "off", "false", "no", "n")
 
 
@@ -151,28 +154,74 @@ def test_ci_compiles_the_cuda_kernels():
     assert "NOT BERTFAST_BUILD_CUDA" in cmake and "CPU-only torch" in cmake
 
 
-def test_build_records_the_torch_it_was_built_against():
-    # a pybind11 extension links torch's C++ symbols: built against one torch, it only
-    # loads with that one; the build says which, and `bertfast info` shows it
-    info = bertfast.build_info()
-    assert info["native"] and info["torch"] is not None
-    assert info["torch"].split("+")[0] == torch.__version__.split("+")[0]
-
-
-def test_a_build_for_another_torch_is_named_not_traced(tmp_path):
+def test_build_targets_the_stable_abi_of_the_oldest_supported_torch():
+    # the entry points are torch operators of the stable ABI, compiled for
+    # TORCH_TARGET_VERSION = the oldest supported torch: one build loads with that torch
+    # and every later one. CMakeLists.txt, native.TORCH_MIN, build_info and
+    # pyproject's torch requirement state the same version.
     from bertfast.ops import native
 
-    so = tmp_path / "_C.cpython-311-x86_64-linux-gnu.so"
-    (tmp_path / "_C.torch-version").write_text("2.11.0+cu130\n")
-    assert native.built_torch_version(str(so)) == "2.11.0+cu130"
-    assert native.built_torch_version(str(tmp_path / "elsewhere" / "x.so")) is None
-    loader = ImportError("_C.so: undefined symbol: _ZN3c104impl3cow23materialize_cow_storage")
-    why = native.import_problem(loader, str(so), "2.11.0+cu130", "2.13.0+cpu")
-    assert "built against torch 2.11.0+cu130, but torch 2.13.0+cpu is running" in why
-    assert "torch==2.11.0" in why and "undefined symbol" not in why and "\n" not in why
-    # same torch, another failure: the loader's first line; no build at all: "not built"
-    why = native.import_problem(loader, str(so), "2.13.0", "2.13.0+cpu")
+    info = bertfast.build_info()
+    assert info["native"]
+    need = ".".join(map(str, native.TORCH_MIN))
+    assert info["torch_min"] == need
+    assert info["torch_built"].split("+")[0] == torch.__version__.split("+")[0]
+    cmake = (ROOT / "CMakeLists.txt").read_text(encoding="utf-8")
+    major = re.search(r"set\(BERTFAST_TORCH_MIN_MAJOR (\d+)\)", cmake).group(1)
+    minor = re.search(r"set\(BERTFAST_TORCH_MIN_MINOR (\d+)\)", cmake).group(1)
+    assert (int(major), int(minor)) == native.TORCH_MIN
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'"torch>={need}"' in pyproject
+
+
+def test_the_extension_links_only_the_stable_c_shim_of_torch():
+    # a C++ symbol of torch (c10::, at::, torch:: mangled names) would tie the build to
+    # one torch release: every torch symbol _C needs must be a C function of the shim
+    import bertfast._C as ext
+
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    out = subprocess.run(
+        [nm, "-D", "--undefined-only", ext.__file__], capture_output=True, text=True, check=True
+    ).stdout
+    undefined = [line.split()[-1] for line in out.splitlines() if line.strip()]
+    torch_cxx = [s for s in undefined if re.match(r"_ZN?K?(3c10|2at|5torch|6caffe2)", s)]
+    assert torch_cxx == [], torch_cxx[:5]
+    shim = [s for s in undefined if s.startswith(("aoti_torch_", "torch_"))]
+    assert shim, "no stable-shim symbol: is _C registering its operators?"
+
+
+def test_a_torch_older_than_the_target_is_named_not_traced():
+    from bertfast.ops import native
+
+    so = "/x/_C.cpython-311-x86_64-linux-gnu.so"
+    loader = ImportError("_C.so: undefined symbol: torch_library_impl")
+    why = native.import_problem(loader, so, "2.10.0+cu128")
+    need = ".".join(map(str, native.TORCH_MIN))
+    assert f"needs torch >= {need}, but torch 2.10.0+cu128 is running" in why
+    assert "undefined symbol" not in why and "\n" not in why
+    # a supported torch, another failure: the loader's first line; no build: "not built"
+    why = native.import_problem(loader, so, "2.13.0+cpu")
     assert why.startswith("bertfast._C cannot be loaded (_C.so: undefined symbol")
-    assert native.import_problem(ImportError("No module named x"), None, None, "2.13.0") == (
+    assert native.import_problem(ImportError("No module named x"), None, "2.13.0") == (
         "bertfast._C is not built (No module named x)"
     )
+
+
+def test_an_entry_point_error_is_raised_as_its_tagged_python_exception():
+    # the stable ABI carries an error as text: csrc/binding.h tags its kind, and
+    # native.python_error raises that kind, whatever exception torch raised it as
+    from bertfast.ops import native
+
+    for kind in (ValueError, TypeError, IndexError):
+        raw = RuntimeError(f"{kind.__name__}: bertfast._C.cpu.op: x is wrong")
+        err = native.python_error(raw)
+        assert type(err) is kind and str(err) == "bertfast._C.cpu.op: x is wrong"
+    untagged = RuntimeError("bertfast._C.cuda.op: kernel launch failed: cudaErrorX")
+    assert native.python_error(untagged) is untagged
+    x = torch.zeros(2, 3)
+    with pytest.raises(TypeError, match=r"^bertfast\._C\.cpu\.pack_rows: indices has dtype"):
+        bertfast._C.cpu.pack_rows(x, torch.zeros(1))
+    with pytest.raises(IndexError, match=r"^bertfast\._C\.cpu\.pack_rows: index 7"):
+        bertfast._C.cpu.pack_rows(x, torch.tensor([7]))

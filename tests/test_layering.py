@@ -122,7 +122,9 @@ LAYERS = [
         # by name, and the native extension's constants both pybind11 backends share
         ["bertfast.ops.dispatch", "bertfast.ops.winners", "bertfast.ops.native"],
     ),
-    ("native", [NATIVE]),
+    # the extension, and the module its init calls to put its torch operators on
+    # _C.cpu / _C.cuda (imports no bertfast module)
+    ("native", [NATIVE, "bertfast._operators"]),
 ]
 
 #: Modules that fit no layer, and why; each must import no bertfast module and be

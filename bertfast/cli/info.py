@@ -93,7 +93,10 @@ def run(args) -> int:
             f"  C++ compiler : {build.get('cxx_compiler') or 'unknown'}"
             f"{', OpenMP' if build.get('openmp') else ''}"
         )
-        print(f"  built with   : torch {build.get('torch') or 'unknown'}")
+        print(
+            f"  built with   : torch {build.get('torch_built') or 'unknown'} headers, "
+            f"loads with torch >= {build.get('torch_min') or 'unknown'} (stable ABI)"
+        )
         if build.get("cuda"):
             archs = ", ".join(build.get("cuda_archs") or []) or "none"
             print(f"  CUDA         : {build.get('cuda_version')} (archs: {archs})")

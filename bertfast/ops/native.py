@@ -1,53 +1,63 @@
-"""What the pybind11 backends (``cpu.py``, ``cuda.py``) share: the built extension,
+"""What the native backends (``cpu.py``, ``cuda.py``) share: the built extension,
 its constants, and the operand preparation both launchers do the same way.
 
-``bertfast._C`` takes torch tensors and checks them itself (device, dtype,
-contiguity, every size its kernel relies on), so a launcher only makes its operands
-contiguous, converts ids to int64 and passes them on; the extension allocates the
-output. The constants (dtype and activation names, CUDA head dims, size limits)
-are defined once, in ``kernels/constants.h``, and read here through
-``bertfast._C.constants()`` (:data:`CONSTANTS`: what the loaded build was compiled
-with). :data:`HEADER_CONSTANTS` restates the header for code that must not need a
-build (the Triton backend reads its limits and codes there);
-``tests/ops/test_native_constants.py`` parses the header and checks both against it.
+``bertfast._C`` is a pybind11 module of tensor-free functions (``build_info``,
+``constants``, ``cpu.linear_panel_width``, ``cpu.int8_isa``, ``cuda.device_count``,
+``cuda.error_name``). Loading it registers the tensor entry points as torch operators
+through the LibTorch stable ABI (``torch.ops.bertfast_cpu.*``,
+``torch.ops.bertfast_cuda.*``; csrc/binding.h), which is why one build loads with
+every torch from :data:`TORCH_MIN` on. The module's init puts each operator on
+``_C.cpu`` / ``_C.cuda`` (``bertfast/_operators.py``), so a backend calls
+``_C.cpu.<op>(...)``. The
+entry points check their tensors themselves (device, dtype, contiguity, every size
+their kernel relies on) and allocate the output, so a launcher only makes its
+operands contiguous, converts ids to int64 and passes them on. An error comes out
+of torch tagged with its kind ("ValueError: bertfast._C.cpu.<op>: ...");
+``_C.cpu.<op>`` raises it as that exception (:func:`python_error`).
+
+The constants (dtype and activation names, CUDA head dims, size limits) are defined
+once, in ``kernels/constants.h``, and read here through ``bertfast._C.constants()``
+(:data:`CONSTANTS`: what the loaded build was compiled with). :data:`HEADER_CONSTANTS`
+restates the header for code that must not need a build (the Triton backend reads
+its limits and codes there); ``tests/ops/test_native_constants.py`` parses the header
+and checks both against it.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
+import re
 
 import torch
 from torch import Tensor
 
+from .._operators import python_error  # noqa: F401  (part of this module's interface)
 
-def built_torch_version(origin: str | None) -> str | None:
-    """The torch version the extension at ``origin`` was built against (the
-    ``_C.torch-version`` file the build installs beside it), None when unknown."""
-    if not origin:
-        return None
-    try:
-        with open(os.path.join(os.path.dirname(origin), "_C.torch-version")) as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
+#: The oldest torch ``bertfast._C`` loads with: its stable-ABI target
+#: (BERTFAST_TORCH_MIN_* in CMakeLists.txt; tests/test_build.py checks they agree).
+TORCH_MIN = (2, 11)
 
 
-def import_problem(exc: BaseException, origin: str | None, built: str | None, running: str):
-    """Why ``bertfast._C`` did not load, in one line: not built, built against another
-    torch (which a pybind11 extension cannot load with: it links torch's C++ symbols),
-    or the loader's own message."""
+def _release(version: str) -> tuple[int, ...]:
+    """(major, minor) of a torch version string such as '2.13.0+cpu'."""
+    parts = re.findall(r"\d+", version.split("+")[0])[:2]
+    return tuple(int(p) for p in parts)
+
+
+def import_problem(exc: BaseException, origin: str | None, running: str) -> str:
+    """Why ``bertfast._C`` did not load, in one line: not built, a torch older than
+    the build's stable-ABI target (the loader then misses symbols), or the loader's
+    own message."""
     if origin is None:
         return f"bertfast._C is not built ({exc})"
-    if built is not None and built.split("+")[0] != running.split("+")[0]:
+    if _release(running) < TORCH_MIN:
+        need = ".".join(map(str, TORCH_MIN))
         return (
-            f"bertfast._C was built against torch {built}, but torch {running} is running: "
-            f"rebuild bertfast with this torch (pip install --no-build-isolation "
-            f"--force-reinstall --no-deps bertfast, or the same from a clone) or install "
-            f"torch=={built.split('+')[0]}"
+            f"bertfast._C needs torch >= {need}, but torch {running} is running: "
+            f"install a newer torch (pip install 'torch>={need}')"
         )
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"bertfast._C cannot be loaded ({first}; built against torch {built or '?'})"
+    return f"bertfast._C cannot be loaded ({first})"
 
 
 _ORIGIN = getattr(importlib.util.find_spec(f"{__package__.rsplit('.', 1)[0]}._C"), "origin", None)
@@ -55,13 +65,9 @@ try:  # the backends stay importable (and say why) without a native build
     from .. import _C
 except ImportError as exc:
     _C = None
-    IMPORT_ERROR: str | None = import_problem(
-        exc, _ORIGIN, built_torch_version(_ORIGIN), torch.__version__
-    )
+    IMPORT_ERROR: str | None = import_problem(exc, _ORIGIN, torch.__version__)
 else:
     IMPORT_ERROR = None
-#: The torch version the extension was built against (None: unknown, or no build).
-BUILT_TORCH = built_torch_version(_ORIGIN)
 
 #: kernels/constants.h restated, in the shape of ``bertfast._C.constants()``: the source
 #: tree's values, there without a build (the Triton backend's limits and codes).

@@ -1,22 +1,24 @@
-// bertfast._C.cuda: bindings of the CUDA kernels in kernels/cuda/ (compiled only
-// when nvcc is found), plus device_count / error_name.
+// bertfast._C.cuda: the CUDA kernels in kernels/cuda/ (compiled only when nvcc is
+// found) as torch operators (torch.ops.bertfast_cuda.*, registered through the stable
+// ABI: csrc/binding.h; its module init puts each on bertfast._C.cuda: bertfast/_operators.py), plus
+// the tensor-free device_count / error_name (csrc/registry.h) that csrc/module.cpp binds.
 //
 // Same entry points and argument order as bertfast._C.cpu (csrc/cpu_ops.cpp), with
 // a trailing `stream`: the cudaStream_t of torch's current stream on the tensors'
 // device (torch.cuda.current_stream(device).cuda_stream), passed from Python so
-// that this file needs only CPU-side ATen headers (torch's CUDA headers and
-// libraries are not needed to build it). Each entry point checks its tensors
+// that this file needs no torch CUDA header (torch's CUDA headers and libraries
+// are not needed to build it). Each entry point checks its tensors
 // (csrc/binding.h, plus the CUDA kernels' limits from kernels/constants.h),
 // allocates its output through torch's allocator, makes the tensors' device
-// current for the call, enqueues on `stream` with the GIL released and turns a
-// launch error into RuntimeError naming the op.
+// current for the call, enqueues on `stream` (torch releases the GIL around an
+// operator call) and turns a launch error into RuntimeError naming the op.
+#include <torch/csrc/stable/library.h>
+
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-
-#include <ATen/ops/zeros.h>
 
 #include "binding.h"
 #include "cuda/launchers.cuh"
@@ -58,9 +60,12 @@ class DeviceGuard {
   bool restore_ = false;
 };
 
-Op cuda_op(const char* name) { return Op("cuda", name, c10::DeviceType::CUDA); }
+Op cuda_op(const char* name) { return Op("cuda", name, DeviceType::CUDA); }
 
-cudaStream_t stream_of(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+// The schema's `int stream`: the cudaStream_t handle's bits as int64.
+cudaStream_t stream_of(int64_t s) {
+  return reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(s));
+}
 
 // Enqueues `launch` (returning cudaError_t) on `t`'s device.
 template <typename F>
@@ -68,20 +73,6 @@ void run(const Op& op, const Tensor& t, F&& launch) {
   DeviceGuard guard(t.get_device(), op.name());
   check(launch(), op.name(), "kernel launch");
 }
-
-// Number of CUDA devices the runtime sees, or a negative cudaError_t code when
-// there is no usable driver/device (so Python can say why, without crashing).
-int cuda_device_count() {
-  int n = 0;
-  cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear the error state
-    return -static_cast<int>(err);
-  }
-  return n;
-}
-
-std::string cuda_error_name(int code) { return cudaGetErrorName(static_cast<cudaError_t>(code)); }
 
 void check_rows_limit(const Op& op, int64_t rows, int64_t width) {
   if (width > kMaxLayerNormWidth)
@@ -94,12 +85,12 @@ void check_rows_limit(const Op& op, int64_t rows, int64_t width) {
 Tensor embed_layernorm(const Tensor& input_ids, const Tensor& position_ids,
                        const OptTensor& token_type_ids, const Tensor& word, const Tensor& pos,
                        const OptTensor& types, const Tensor& weight, const Tensor& bias, double eps,
-                       std::uintptr_t stream) {
+                       int64_t stream) {
   Op op = cuda_op("embed_layernorm");
   const EmbedArgs a = check_embed_layernorm(op, input_ids, position_ids, token_type_ids, word, pos,
                                             types, weight, bias, eps);
   check_rows_limit(op, a.tokens, a.width);
-  Tensor out = at::empty(embed_out_shape(input_ids, a.width), word.options());
+  Tensor out = empty(embed_out_shape(input_ids, a.width), word);
   if (a.tokens == 0 || a.width == 0) return out;
   // Ids outside their table give a NaN row (the kernel never reads out of bounds).
   run(op, out, [&] {
@@ -114,12 +105,11 @@ Tensor embed_layernorm(const Tensor& input_ids, const Tensor& position_ids,
 }
 
 Tensor add_layernorm(const Tensor& x, const Tensor& residual, const OptTensor& bias,
-                     const Tensor& weight, const Tensor& ln_bias, double eps,
-                     std::uintptr_t stream) {
+                     const Tensor& weight, const Tensor& ln_bias, double eps, int64_t stream) {
   Op op = cuda_op("add_layernorm");
   const RowsArgs a = check_add_layernorm(op, x, residual, bias, weight, ln_bias, eps);
   check_rows_limit(op, a.rows, a.width);
-  Tensor out = at::empty(x.sizes(), x.options());
+  Tensor out = empty(shape_of(x), x);
   if (a.rows == 0 || a.width == 0) return out;
   run(op, out, [&] {
     return cuda::launch_add_layernorm(out.data_ptr(), x.const_data_ptr(), residual.const_data_ptr(),
@@ -131,10 +121,10 @@ Tensor add_layernorm(const Tensor& x, const Tensor& residual, const OptTensor& b
 }
 
 Tensor bias_act(const Tensor& x, const OptTensor& bias, const std::string& activation, bool inplace,
-                std::uintptr_t stream) {
+                int64_t stream) {
   Op op = cuda_op("bias_act");
   const BiasActArgs a = check_bias_act(op, x, bias, activation);
-  Tensor out = inplace ? x : at::empty(x.sizes(), x.options());
+  Tensor out = inplace ? x : empty(shape_of(x), x);
   if (a.rows == 0 || a.width == 0) return out;
   run(op, out, [&] {
     return cuda::launch_bias_act(out.data_ptr(), x.const_data_ptr(),
@@ -195,7 +185,7 @@ void check_attention_limits(const Op& op, const Tensor& qkv, const AttentionArgs
     // ceil(S / 128) <= B x S = T), below the grid limit.
     if (a.tokens > kMaxCudaRows) op.value_error(std::to_string(a.tokens) + " rows > 2^31 - 1");
   }
-  if (flash || qkv.scalar_type() == at::kBFloat16) {
+  if (flash || qkv.scalar_type() == ScalarType::BFloat16) {
     int major = 0;
     check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, qkv.get_device()),
           op.name(), "cudaDeviceGetAttribute");
@@ -206,12 +196,12 @@ void check_attention_limits(const Op& op, const Tensor& qkv, const AttentionArgs
 }
 
 Tensor attention_padded(AttentionKernel kernel, const Tensor& qkv, const OptTensor& mask,
-                        int64_t num_heads, double scale, std::uintptr_t stream) {
+                        int64_t num_heads, double scale, int64_t stream) {
   const bool flash = kernel == AttentionKernel::kFlash;
   Op op = cuda_op(flash ? "flash_attention" : "attention");
   const AttentionArgs a = check_attention(op, qkv, mask, num_heads);
   check_attention_limits(op, qkv, a, kernel);
-  Tensor out = at::empty({a.batch, a.seqlen, a.hidden}, qkv.options());
+  Tensor out = empty({a.batch, a.seqlen, a.hidden}, qkv);
   if (out.numel() == 0) return out;
   const uint8_t* mask_ptr = mask ? static_cast<const uint8_t*>(mask->const_data_ptr()) : nullptr;
   run(op, out, [&] {
@@ -228,8 +218,7 @@ Tensor attention_padded(AttentionKernel kernel, const Tensor& qkv, const OptTens
 }
 
 Tensor attention_packed(AttentionKernel kernel, const Tensor& qkv, const Tensor& cu_seqlens,
-                        int64_t max_seqlen, int64_t num_heads, double scale,
-                        std::uintptr_t stream) {
+                        int64_t max_seqlen, int64_t num_heads, double scale, int64_t stream) {
   const bool flash = kernel == AttentionKernel::kFlash;
   Op op = cuda_op(flash ? "flash_attention_varlen" : "attention_varlen");
   const AttentionArgs a = check_attention_varlen(op, qkv, cu_seqlens, max_seqlen, num_heads);
@@ -237,23 +226,25 @@ Tensor attention_packed(AttentionKernel kernel, const Tensor& qkv, const Tensor&
   // No sequence: every row is zero. Otherwise the kernel clamps cu_seqlens into
   // [0, T] (its values are not read on the host, so no sync): bounds-safe whatever
   // they hold; the public op has checked that they cover every row.
-  if (a.batch == 0 || max_seqlen == 0) return at::zeros({a.tokens, a.hidden}, qkv.options());
-  Tensor out = at::empty({a.tokens, a.hidden}, qkv.options());
+  if (a.batch == 0 || max_seqlen == 0) {
+    Tensor zeros = empty({a.tokens, a.hidden}, qkv);
+    return torch::stable::zero_(zeros);
+  }
+  Tensor out = empty({a.tokens, a.hidden}, qkv);
   if (out.numel() == 0) return out;
   // The flash kernel's tile table, built on the device from cu_seqlens: torch's
   // allocator, on the stream the kernels run on (the current stream, which is
   // what `stream` is), freed for reuse in stream order.
   Tensor scratch;
-  if (flash)
-    scratch =
-        at::empty({cuda::flash_attention_scratch_ints(a.batch, a.tokens)}, cu_seqlens.options());
+  if (flash) scratch = empty({cuda::flash_attention_scratch_ints(a.batch, a.tokens)}, cu_seqlens);
   run(op, out, [&] {
     const int heads = static_cast<int>(a.num_heads), d = static_cast<int>(a.head_dim);
     const int32_t* cu = cu_seqlens.const_data_ptr<int32_t>();
     if (flash)
-      return cuda::launch_flash_attention(
-          out.data_ptr(), qkv.const_data_ptr(), nullptr, cu, scratch.data_ptr<int32_t>(), a.batch,
-          a.seqlen, a.tokens, heads, d, static_cast<float>(scale), a.dtype, stream_of(stream));
+      return cuda::launch_flash_attention(out.data_ptr(), qkv.const_data_ptr(), nullptr, cu,
+                                          scratch.mutable_data_ptr<int32_t>(), a.batch, a.seqlen,
+                                          a.tokens, heads, d, static_cast<float>(scale), a.dtype,
+                                          stream_of(stream));
     return cuda::launch_attention(out.data_ptr(), qkv.const_data_ptr(), nullptr, cu, a.batch,
                                   a.seqlen, a.tokens, heads, d, static_cast<float>(scale), a.dtype,
                                   stream_of(stream));
@@ -262,31 +253,31 @@ Tensor attention_packed(AttentionKernel kernel, const Tensor& qkv, const Tensor&
 }
 
 Tensor attention(const Tensor& qkv, const OptTensor& mask, int64_t num_heads, double scale,
-                 std::uintptr_t stream) {
+                 int64_t stream) {
   return attention_padded(AttentionKernel::kDefault, qkv, mask, num_heads, scale, stream);
 }
 
 Tensor attention_varlen(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max_seqlen,
-                        int64_t num_heads, double scale, std::uintptr_t stream) {
+                        int64_t num_heads, double scale, int64_t stream) {
   return attention_packed(AttentionKernel::kDefault, qkv, cu_seqlens, max_seqlen, num_heads, scale,
                           stream);
 }
 
 Tensor flash_attention(const Tensor& qkv, const OptTensor& mask, int64_t num_heads, double scale,
-                       std::uintptr_t stream) {
+                       int64_t stream) {
   return attention_padded(AttentionKernel::kFlash, qkv, mask, num_heads, scale, stream);
 }
 
 Tensor flash_attention_varlen(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max_seqlen,
-                              int64_t num_heads, double scale, std::uintptr_t stream) {
+                              int64_t num_heads, double scale, int64_t stream) {
   return attention_packed(AttentionKernel::kFlash, qkv, cu_seqlens, max_seqlen, num_heads, scale,
                           stream);
 }
 
-Tensor pack_rows(const Tensor& x, const Tensor& indices, std::uintptr_t stream) {
+Tensor pack_rows(const Tensor& x, const Tensor& indices, int64_t stream) {
   Op op = cuda_op("pack_rows");
   const RowMoveArgs a = check_pack_rows(op, x, indices);
-  Tensor out = at::empty(rows_shape(x, a.num_indices), x.options());
+  Tensor out = empty(rows_shape(x, a.num_indices), x);
   if (out.numel() == 0) return out;
   // An index outside [0, x.shape[0]) gives a zero row (no host sync to raise).
   run(op, out, [&] {
@@ -297,11 +288,10 @@ Tensor pack_rows(const Tensor& x, const Tensor& indices, std::uintptr_t stream) 
   return out;
 }
 
-Tensor unpack_rows(const Tensor& x, const Tensor& indices, int64_t num_rows,
-                   std::uintptr_t stream) {
+Tensor unpack_rows(const Tensor& x, const Tensor& indices, int64_t num_rows, int64_t stream) {
   Op op = cuda_op("unpack_rows");
   const RowMoveArgs a = check_unpack_rows(op, x, indices, num_rows);
-  Tensor out = at::empty(rows_shape(x, num_rows), x.options());
+  Tensor out = empty(rows_shape(x, num_rows), x);
   if (out.numel() == 0) return out;
   // An index outside [0, num_rows) is skipped.
   run(op, out, [&] {
@@ -314,31 +304,68 @@ Tensor unpack_rows(const Tensor& x, const Tensor& indices, int64_t num_rows,
 
 }  // namespace
 
-void register_cuda_ops(pybind11::module_& m) {
-  using py::arg;
-  py::module_ k = m.def_submodule(
-      "cuda", "CUDA kernels (kernels/cuda/); the arguments of bertfast._C.cpu plus `stream`");
-  k.def("device_count", &cuda_device_count,
-        "CUDA devices visible to bertfast's runtime (negative: -cudaError_t)");
-  k.def("error_name", &cuda_error_name, "Name of a cudaError_t code", arg("code"));
-  k.def("embed_layernorm", &embed_layernorm, release_gil(), arg("input_ids"), arg("position_ids"),
-        arg("token_type_ids"), arg("word"), arg("pos"), arg("types"), arg("weight"), arg("bias"),
-        arg("eps"), arg("stream"));
-  k.def("add_layernorm", &add_layernorm, release_gil(), arg("x"), arg("residual"), arg("bias"),
-        arg("weight"), arg("ln_bias"), arg("eps"), arg("stream"));
-  k.def("bias_act", &bias_act, release_gil(), arg("x"), arg("bias"), arg("activation"),
-        arg("inplace"), arg("stream"));
-  k.def("attention", &attention, release_gil(), arg("qkv"), arg("mask"), arg("num_heads"),
-        arg("scale"), arg("stream"));
-  k.def("attention_varlen", &attention_varlen, release_gil(), arg("qkv"), arg("cu_seqlens"),
-        arg("max_seqlen"), arg("num_heads"), arg("scale"), arg("stream"));
-  k.def("flash_attention", &flash_attention, release_gil(), arg("qkv"), arg("mask"),
-        arg("num_heads"), arg("scale"), arg("stream"));
-  k.def("flash_attention_varlen", &flash_attention_varlen, release_gil(), arg("qkv"),
-        arg("cu_seqlens"), arg("max_seqlen"), arg("num_heads"), arg("scale"), arg("stream"));
-  k.def("pack_rows", &pack_rows, release_gil(), arg("x"), arg("indices"), arg("stream"));
-  k.def("unpack_rows", &unpack_rows, release_gil(), arg("x"), arg("indices"), arg("num_rows"),
-        arg("stream"));
+// Number of CUDA devices the runtime sees, or a negative cudaError_t code when
+// there is no usable driver/device (so Python can say why, without crashing).
+int cuda_device_count() {
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the error state
+    return -static_cast<int>(err);
+  }
+  return n;
 }
 
+std::string cuda_error_name(int code) { return cudaGetErrorName(static_cast<cudaError_t>(code)); }
+
 }  // namespace bertfast
+
+// Schemas: the argument names are the Python keywords (bertfast._C.cpu's plus
+// `stream`, the cudaStream_t handle as an int).
+STABLE_TORCH_LIBRARY(bertfast_cuda, m) {
+  // LayerNorm(word[ids] + types[tt] + pos[p]) -> [*ids.shape, E]; a NaN row for an id
+  // outside its table.
+  m.def(
+      "embed_layernorm(Tensor input_ids, Tensor position_ids, Tensor? token_type_ids, "
+      "Tensor word, Tensor pos, Tensor? types, Tensor weight, Tensor bias, float eps, "
+      "int stream) -> Tensor");
+  // LayerNorm((x + bias) + residual) over the last dim.
+  m.def(
+      "add_layernorm(Tensor x, Tensor residual, Tensor? bias, Tensor weight, Tensor ln_bias, "
+      "float eps, int stream) -> Tensor");
+  // act(x + bias) over the last dim (gelu, gelu_tanh, relu); inplace writes into x.
+  m.def("bias_act(Tensor(a!) x, Tensor? bias, str activation, bool inplace, int stream) -> Tensor");
+  // Attention over qkv [B, S, 3H], key mask [B, S] (bool/uint8, optional) -> [B, S, H].
+  m.def("attention(Tensor qkv, Tensor? mask, int num_heads, float scale, int stream) -> Tensor");
+  // Attention over packed qkv [T, 3H] with cu_seqlens [B + 1] (int32) -> [T, H].
+  m.def(
+      "attention_varlen(Tensor qkv, Tensor cu_seqlens, int max_seqlen, int num_heads, "
+      "float scale, int stream) -> Tensor");
+  // attention / attention_varlen on the FlashAttention-2-style kernel (fp16 / bf16, sm_80+).
+  m.def(
+      "flash_attention(Tensor qkv, Tensor? mask, int num_heads, float scale, int stream) "
+      "-> Tensor");
+  m.def(
+      "flash_attention_varlen(Tensor qkv, Tensor cu_seqlens, int max_seqlen, int num_heads, "
+      "float scale, int stream) -> Tensor");
+  // x[indices] (an index out of range gives a zero row).
+  m.def("pack_rows(Tensor x, Tensor indices, int stream) -> Tensor");
+  // out[indices[i]] = x[i], zero rows elsewhere, num_rows rows (an index out of range
+  // is skipped).
+  m.def("unpack_rows(Tensor x, Tensor indices, int num_rows, int stream) -> Tensor");
+}
+
+// CompositeExplicitAutograd: every device reaches the entry point, whose own check
+// names the wrong device.
+STABLE_TORCH_LIBRARY_IMPL(bertfast_cuda, CompositeExplicitAutograd, m) {
+  using namespace bertfast;
+  m.impl("embed_layernorm", TORCH_BOX(&embed_layernorm));
+  m.impl("add_layernorm", TORCH_BOX(&add_layernorm));
+  m.impl("bias_act", TORCH_BOX(&bias_act));
+  m.impl("attention", TORCH_BOX(&attention));
+  m.impl("attention_varlen", TORCH_BOX(&attention_varlen));
+  m.impl("flash_attention", TORCH_BOX(&flash_attention));
+  m.impl("flash_attention_varlen", TORCH_BOX(&flash_attention_varlen));
+  m.impl("pack_rows", TORCH_BOX(&pack_rows));
+  m.impl("unpack_rows", TORCH_BOX(&unpack_rows));
+}
