@@ -165,7 +165,9 @@ def test_build_targets_the_stable_abi_of_the_oldest_supported_torch():
     assert info["native"]
     need = ".".join(map(str, native.TORCH_MIN))
     assert info["torch_min"] == need
-    assert info["torch_built"].split("+")[0] == torch.__version__.split("+")[0]
+    # built with these headers or a later torch's; any torch from the target on runs it
+    assert native._release(info["torch_built"]) >= native.TORCH_MIN
+    assert native._release(torch.__version__) >= native.TORCH_MIN
     cmake = (ROOT / "CMakeLists.txt").read_text(encoding="utf-8")
     major = re.search(r"set\(BERTFAST_TORCH_MIN_MAJOR (\d+)\)", cmake).group(1)
     minor = re.search(r"set\(BERTFAST_TORCH_MIN_MINOR (\d+)\)", cmake).group(1)
@@ -207,6 +209,23 @@ def test_a_torch_older_than_the_target_is_named_not_traced():
     assert native.import_problem(ImportError("No module named x"), None, "2.13.0") == (
         "bertfast._C is not built (No module named x)"
     )
+
+
+def test_a_cpu_without_avx2_is_named_before_the_extension_loads():
+    # _C is compiled for x86-64-v3: on an older CPU, loading it would end the process
+    # with an illegal instruction, so native checks /proc/cpuinfo's flags first
+    from bertfast.ops import native
+
+    able = "processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma f16c\n"
+    old = "processor\t: 0\nflags\t\t: fpu sse4_2 avx\n"
+    assert native.missing_cpu_features("x86_64", able) is None
+    why = native.missing_cpu_features("x86_64", old)
+    assert why.startswith("this CPU has no AVX2/FMA/F16C") and "\n" not in why
+    assert native.missing_cpu_features("aarch64", old) is None  # not an x86 build
+    assert native.missing_cpu_features("x86_64", None) is None
+    # this machine runs the suite with the extension: it must pass the check
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        assert native.missing_cpu_features(os.uname().machine, f.read()) is None
 
 
 def test_an_entry_point_error_is_raised_as_its_tagged_python_exception():

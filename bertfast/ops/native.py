@@ -26,6 +26,7 @@ and checks both against it.
 from __future__ import annotations
 
 import importlib.util
+import platform
 import re
 
 import torch
@@ -60,14 +61,41 @@ def import_problem(exc: BaseException, origin: str | None, running: str) -> str:
     return f"bertfast._C cannot be loaded ({first})"
 
 
+def missing_cpu_features(machine: str, cpuinfo: str | None) -> str | None:
+    """Why this x86-64 CPU cannot run ``bertfast._C`` (compiled for AVX2 + FMA + F16C,
+    x86-64-v3: loading it on an older CPU would stop the process with an illegal
+    instruction), or None. ``cpuinfo`` is /proc/cpuinfo's text (None: unknown, assumed
+    able)."""
+    if machine.lower() not in ("x86_64", "amd64") or not cpuinfo:
+        return None
+    flags = re.search(r"^flags\s*:(.*)$", cpuinfo, re.MULTILINE)
+    if flags is None:
+        return None
+    missing = [f for f in ("avx2", "fma", "f16c") if f not in flags.group(1).split()]
+    if not missing:
+        return None
+    return (
+        f"this CPU has no {'/'.join(m.upper() for m in missing)}, which bertfast._C's "
+        f"kernels are compiled for (x86-64-v3); the torch backend runs without them"
+    )
+
+
+def _cpuinfo() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 _ORIGIN = getattr(importlib.util.find_spec(f"{__package__.rsplit('.', 1)[0]}._C"), "origin", None)
-try:  # the backends stay importable (and say why) without a native build
-    from .. import _C
-except ImportError as exc:
-    _C = None
-    IMPORT_ERROR: str | None = import_problem(exc, _ORIGIN, torch.__version__)
-else:
-    IMPORT_ERROR = None
+IMPORT_ERROR: str | None = missing_cpu_features(platform.machine(), _cpuinfo())
+_C = None
+if IMPORT_ERROR is None:
+    try:  # the backends stay importable (and say why) without a native build
+        from .. import _C
+    except ImportError as exc:
+        IMPORT_ERROR = import_problem(exc, _ORIGIN, torch.__version__)
 
 #: kernels/constants.h restated, in the shape of ``bertfast._C.constants()``: the source
 #: tree's values, there without a build (the Triton backend's limits and codes).
