@@ -63,20 +63,20 @@ def cpu_info() -> dict:
     """The CPU model, its SIMD-relevant flags (AVX*, AMX*, FMA, F16C, SSE4*, VNNI) and
     logical CPU count, from ``/proc/cpuinfo`` (``model``/``flags`` None where it cannot
     be read): recorded with every result, since ratios move between machines."""
-    model, flags = None, None
+    from .ops import native
+
+    model = None
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and model is None:
+                if key.strip() == "model name":
                     model = value.strip()
-                elif key == "flags" and flags is None:
-                    flags = sorted(fl for fl in value.split() if fl.startswith(_SIMD_PREFIXES))
-                if model is not None and flags is not None:
                     break
     except OSError:
         pass
+    have = native.cpu_flags()
+    flags = None if have is None else sorted(f for f in have if f.startswith(_SIMD_PREFIXES))
     return {"model": model, "flags": flags, "logical_cpus": os.cpu_count()}
 
 

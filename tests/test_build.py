@@ -216,16 +216,17 @@ def test_a_cpu_without_avx2_is_named_before_the_extension_loads():
     # with an illegal instruction, so native checks /proc/cpuinfo's flags first
     from bertfast.ops import native
 
-    able = "processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma f16c\n"
-    old = "processor\t: 0\nflags\t\t: fpu sse4_2 avx\n"
+    able = native.parse_cpu_flags("processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma f16c\n")
+    old = native.parse_cpu_flags("processor\t: 0\nflags\t\t: fpu sse4_2 avx\n")
+    assert old == {"fpu", "sse4_2", "avx"}
+    assert native.parse_cpu_flags("processor\t: 0\n") is None
     assert native.missing_cpu_features("x86_64", able) is None
     why = native.missing_cpu_features("x86_64", old)
     assert why.startswith("this CPU has no AVX2/FMA/F16C") and "\n" not in why
     assert native.missing_cpu_features("aarch64", old) is None  # not an x86 build
     assert native.missing_cpu_features("x86_64", None) is None
     # this machine runs the suite with the extension: it must pass the check
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        assert native.missing_cpu_features(os.uname().machine, f.read()) is None
+    assert native.missing_cpu_features(os.uname().machine, native.cpu_flags()) is None
 
 
 def test_an_entry_point_error_is_raised_as_its_tagged_python_exception():

@@ -56,14 +56,11 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
-from . import dispatch
+from . import dispatch, native
 
-try:
-    from .. import _C as _native
-
-    _kernels = _native.cpu
-except (ImportError, AttributeError):  # pragma: no cover - only without a build
-    _kernels = None
+# The extension as native.py loaded it (None without a usable build or on a CPU it
+# cannot run on).
+_kernels = native._C.cpu if native._C is not None else None
 
 ROUTES = ("auto", "own", "onednn", "torch")
 
@@ -86,29 +83,14 @@ def _onednn_available() -> bool:
 
 def _native_bf16() -> bool:
     """The CPU has bf16 dot-product instructions (AVX512-BF16 or AMX-BF16)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = line.split(":", 1)[1].split()
-                    return "avx512_bf16" in flags or "amx_bf16" in flags
-    except OSError:  # pragma: no cover - not Linux
-        pass
-    return False
+    flags = native.cpu_flags() or frozenset()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def _avx512() -> bool:
     """The CPU has the AVX-512 subsets the C++ GEMM's AVX-512 kernels need (gemm.cpp's
     ``use_avx512``: F, DQ, VL, BW)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return {"avx512f", "avx512dq", "avx512vl", "avx512bw"} <= flags
-    except OSError:  # pragma: no cover - not Linux
-        pass
-    return False
+    return {"avx512f", "avx512dq", "avx512vl", "avx512bw"} <= (native.cpu_flags() or frozenset())
 
 
 ONEDNN: bool = _onednn_available()

@@ -25,6 +25,7 @@ and checks both against it.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import platform
 import re
@@ -61,17 +62,33 @@ def import_problem(exc: BaseException, origin: str | None, running: str) -> str:
     return f"bertfast._C cannot be loaded ({first})"
 
 
-def missing_cpu_features(machine: str, cpuinfo: str | None) -> str | None:
+def parse_cpu_flags(cpuinfo: str | None) -> frozenset[str] | None:
+    """The ``flags`` of /proc/cpuinfo's text (its first CPU), None when unknown."""
+    if not cpuinfo:
+        return None
+    m = re.search(r"^flags\s*:(.*)$", cpuinfo, re.MULTILINE)
+    return frozenset(m.group(1).split()) if m else None
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str] | None:
+    """This CPU's /proc/cpuinfo flags (read once), None where they cannot be read: what
+    every question about the CPU's instruction sets asks (here, the cpu backend's GEMM
+    and oneDNN choices, ``bertfast info``)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return parse_cpu_flags(f.read())
+    except OSError:
+        return None
+
+
+def missing_cpu_features(machine: str, flags: frozenset[str] | None) -> str | None:
     """Why this x86-64 CPU cannot run ``bertfast._C`` (compiled for AVX2 + FMA + F16C,
     x86-64-v3: loading it on an older CPU would stop the process with an illegal
-    instruction), or None. ``cpuinfo`` is /proc/cpuinfo's text (None: unknown, assumed
-    able)."""
-    if machine.lower() not in ("x86_64", "amd64") or not cpuinfo:
+    instruction), or None. ``flags``: :func:`cpu_flags` (None: unknown, assumed able)."""
+    if machine.lower() not in ("x86_64", "amd64") or flags is None:
         return None
-    flags = re.search(r"^flags\s*:(.*)$", cpuinfo, re.MULTILINE)
-    if flags is None:
-        return None
-    missing = [f for f in ("avx2", "fma", "f16c") if f not in flags.group(1).split()]
+    missing = [f for f in ("avx2", "fma", "f16c") if f not in flags]
     if not missing:
         return None
     return (
@@ -80,16 +97,8 @@ def missing_cpu_features(machine: str, cpuinfo: str | None) -> str | None:
     )
 
 
-def _cpuinfo() -> str | None:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 _ORIGIN = getattr(importlib.util.find_spec(f"{__package__.rsplit('.', 1)[0]}._C"), "origin", None)
-IMPORT_ERROR: str | None = missing_cpu_features(platform.machine(), _cpuinfo())
+IMPORT_ERROR: str | None = missing_cpu_features(platform.machine(), cpu_flags())
 _C = None
 if IMPORT_ERROR is None:
     try:  # the backends stay importable (and say why) without a native build

@@ -27,14 +27,11 @@ import torch
 from torch import Tensor
 
 from . import cpu_weights as _cpu_weights
-from . import dispatch
+from . import dispatch, native
 
-try:
-    from .. import _C as _native
-
-    _kernels = _native.cpu
-except (ImportError, AttributeError):  # pragma: no cover - only without a build
-    _kernels = None
+# The extension as native.py loaded it (None without a usable build or on a CPU it
+# cannot run on).
+_kernels = native._C.cpu if native._C is not None else None
 
 #: Values of the ``quantize`` argument (None: no quantization).
 QUANTIZE_CHOICES = (None, "int8")
