@@ -243,15 +243,18 @@ else
 fi
 
 # ------------------------------------------------------------------ (a) tests
-# First the files that failed on the last GPU run (the H100 run of
+# First the CUDA binding's own tests (ported to the stable-ABI operators since the last
+# GPU run) and the files that failed on the last GPU run (the H100 run of
 # benchmarks/results/gpu-h100: fixed since, to be confirmed), then the files no GPU run
 # has reached (that run's rest group was stopped at 31 failures after 18 files); those
 # not in this checkout are left out (and named).
-NEW_GPU=(tests/test_graphs.py tests/ops/test_cuda_epilogue.py tests/test_user_errors.py
+NEW_GPU=(tests/ops/test_cuda_backend.py tests/ops/test_cuda_flash_attention.py
+  tests/ops/test_opcheck.py tests/ops/test_native_safety.py tests/test_build.py
+  tests/test_graphs.py tests/ops/test_cuda_epilogue.py tests/test_user_errors.py
   tests/test_quantize.py tests/ops/test_cpu_encoder_layer.py tests/test_text_cut.py)
 UNFINISHED=(tests/test_compile.py tests/test_fast_path.py tests/test_embedder.py
   tests/test_heads.py tests/test_memory.py tests/test_model_inputs.py tests/test_stream.py
-  tests/test_padded_positions.py tests/ops/test_opcheck.py tests/ops/test_triton_sm90_compile.py
+  tests/test_padded_positions.py tests/ops/test_triton_sm90_compile.py
   tests/ops/test_backend_coverage.py tests/ops/test_dispatch.py tests/ops/test_native_constants.py
   tests/ops/test_pack.py tests/ops/test_reference.py tests/test_accuracy_contract.py
   tests/test_bad_text.py tests/test_cli.py tests/test_corpus.py tests/test_docs.py
