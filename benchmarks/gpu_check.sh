@@ -148,11 +148,14 @@ trap 'rm -rf "$STATE"' EXIT
 : > "$STATE/test-groups.tsv"
 T_CALL=$SECONDS
 
-# clip SECONDS: the limit, cut to what is left of the call (less the report's share)
+# clip SECONDS: the limit, cut to what is left of the call (less the report's share).
+# --list runs nothing, so no time passes for it: its limits are those of a call's start
+# (on a loaded machine, the listing itself took seconds and shifted them).
 clip() {
-  local limit="$1" left
+  local limit="$1" left elapsed=$(( SECONDS - T_CALL ))
+  [ "$MODE" = list ] && elapsed=0
   if [ "$CALL_S" -gt 0 ]; then
-    left=$(( CALL_S - REPORT_S - (SECONDS - T_CALL) ))
+    left=$(( CALL_S - REPORT_S - elapsed ))
     [ "$left" -lt "$limit" ] && limit=$left
   fi
   echo "$limit"
@@ -243,26 +246,23 @@ else
 fi
 
 # ------------------------------------------------------------------ (a) tests
-# First the CUDA binding's own tests (ported to the stable-ABI operators since the last
-# GPU run) and the files that failed on the last GPU run (the H100 run of
-# benchmarks/results/gpu-h100: fixed since, to be confirmed), then the files no GPU run
-# has reached (that run's rest group was stopped at 31 failures after 18 files); those
-# not in this checkout are left out (and named).
-NEW_GPU=(tests/ops/test_cuda_backend.py tests/ops/test_cuda_flash_attention.py
-  tests/ops/test_opcheck.py tests/ops/test_native_safety.py tests/test_build.py
-  tests/test_graphs.py tests/ops/test_cuda_epilogue.py tests/test_user_errors.py
-  tests/test_quantize.py tests/ops/test_cpu_encoder_layer.py tests/test_text_cut.py)
+# First the files that failed on the last GPU run (the H200 run of
+# benchmarks/results/gpu-h200/check-2026-11-27: fixed since, to be confirmed), then the
+# files no GPU run has finished (that run cut this group at 84 %; the H100 run's rest
+# group was stopped after 18 files); those not in this checkout are left out (and named).
+# The CUDA binding's own tests and the H100 run's failed files passed on that run.
+NEW_GPU=(tests/test_hub.py tests/test_gpu_check.py)
 UNFINISHED=(tests/test_compile.py tests/test_fast_path.py tests/test_embedder.py
   tests/test_heads.py tests/test_memory.py tests/test_model_inputs.py tests/test_stream.py
   tests/test_padded_positions.py tests/ops/test_triton_sm90_compile.py
   tests/ops/test_backend_coverage.py tests/ops/test_dispatch.py tests/ops/test_native_constants.py
   tests/ops/test_pack.py tests/ops/test_reference.py tests/test_accuracy_contract.py
   tests/test_bad_text.py tests/test_cli.py tests/test_corpus.py tests/test_docs.py
-  tests/test_embedder_st_habits.py tests/test_encode_reliability.py tests/test_hub.py
-  tests/test_integrations.py tests/test_layering.py tests/test_layering_native.py
+  tests/test_embedder_st_habits.py tests/test_encode_reliability.py tests/test_integrations.py
+  tests/test_layering.py tests/test_layering_native.py
   tests/test_low_precision_info.py tests/test_presets.py tests/test_server.py
   tests/test_bench_isolation.py tests/test_bench_peers.py tests/test_bench_smoke.py
-  tests/test_gpu_check.py tests/test_gpu_sweep_ops.py tests/test_serve_bench.py
+  tests/test_gpu_sweep_ops.py tests/test_serve_bench.py
   tests/test_ray_data.py tests/test_serve.py)
 SANITIZED=(tests/ops/test_cuda_backend.py tests/ops/test_cuda_flash_attention.py
   tests/ops/test_cuda_epilogue.py)
@@ -348,9 +348,11 @@ stage_sanitize() {
     case $tool in  # shares of the stage: memcheck and racecheck are the slow ones
       memcheck) limit=$(( total * 40 / 100 )) ;;
       racecheck) limit=$(( total * 40 / 100 ))
-        # racecheck itself failed ("failed to handle a hardware exception") inside
-        # cuBLASLt's GELU epilogue, run by torch's reference of linear_gelu (H100)
-        k="$k and not linear_gelu" ;;
+        # racecheck itself fails ("failed to handle a hardware exception", then every
+        # later CUDA call: illegal memory access) inside cuBLASLt's GELU epilogue, run by
+        # torch's reference of linear_gelu (H100) and by torch._addmm_activation in
+        # test_cuda_epilogue.py (H200), a file that launches no bertfast kernel
+        k="$k and not linear_gelu and not test_cuda_epilogue" ;;
       synccheck) limit=$(( total * 20 / 100 )) ;;
     esac
     [ "$MODE" = run ] && printf '\n########## compute-sanitizer --tool %s\n' "$tool" >> "$log"

@@ -108,20 +108,31 @@ def _download(repo_id: str, revision, token, cache_dir) -> str:
     at = f"{repo_id}" + (f" (revision {revision!r})" if revision else "")
     cache = os.fspath(cache_dir) if cache_dir is not None else constants.HF_HUB_CACHE
 
-    def fetch(patterns):
-        return huggingface_hub.snapshot_download(
-            repo_id,
-            revision=revision,
-            token=token,
-            cache_dir=cache_dir,
-            allow_patterns=patterns,
-            library_name="bertfast",
-        )
+    def fetch(local_only):
+        def snapshot(patterns):
+            return huggingface_hub.snapshot_download(
+                repo_id,
+                revision=revision,
+                token=token,
+                cache_dir=cache_dir,
+                allow_patterns=patterns,
+                local_files_only=local_only,
+                library_name="bertfast",
+            )
+
+        folder = snapshot(SNAPSHOT_FILES)
+        if not _has_safetensors(folder):  # an older repository: its PyTorch weights
+            folder = snapshot(SNAPSHOT_FILES + BIN_FILES)
+        return folder
 
     try:
-        folder = fetch(SNAPSHOT_FILES)
-        if not _has_safetensors(folder):  # an older repository: its PyTorch weights
-            folder = fetch(SNAPSHOT_FILES + BIN_FILES)
+        try:
+            folder = fetch(False)
+        except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled):
+            # The Hub cannot be reached: serve what the cache holds. Some huggingface_hub
+            # versions (1.33) go to the Hub for a commit hash whose snapshot is cached
+            # when the download left no tree listing (trees/<commit>.json) beside it.
+            folder = fetch(True)
     except errors.GatedRepoError:
         raise CheckpointError(
             f"{at} is a gated model: accept its conditions on huggingface.co, then pass "

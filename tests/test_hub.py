@@ -124,6 +124,32 @@ def test_pytorch_bin_only_repository(tmp_path, sources):
     torch.testing.assert_close(got, _reference("org/old", cache), atol=1e-5, rtol=0)
 
 
+def test_unreachable_hub_falls_back_to_the_cache(cache, sources, monkeypatch):
+    # huggingface_hub 1.33 (the GPU image's) goes to the Hub for a commit hash whose
+    # snapshot is cached when no tree listing lies beside it, and raises
+    # LocalEntryNotFoundError offline: bertfast then reads the cache alone.
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    commit = cache_repo(cache, "org/tiny", sources[1], ref="v2")
+    real = huggingface_hub.snapshot_download
+    asked = []
+
+    def snapshot_download(*args, local_files_only=False, **kwargs):
+        asked.append(local_files_only)
+        if not local_files_only:
+            raise errors.LocalEntryNotFoundError("the Hub cannot be reached (test)")
+        return real(*args, local_files_only=True, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    got = _hidden(bertfast.from_pretrained("org/tiny", revision=commit, cache_dir=cache))
+    torch.testing.assert_close(got, _reference("org/tiny", cache, revision="v2"), atol=1e-5, rtol=0)
+    assert asked[0] is False and asked[-1] is True
+    # and a revision the cache lacks is still the one clear line
+    with pytest.raises(CheckpointError, match="is not in the Hugging Face cache"):
+        bertfast.from_pretrained("org/tiny", revision="f" * 40, cache_dir=cache)
+
+
 def test_uncached_id_offline_is_one_clear_line(cache, capsys, tmp_path):
     (tmp_path / "x.txt").write_text("hello\n", encoding="utf-8")
     for kwargs in ({}, {"revision": "nope"}):
