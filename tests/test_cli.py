@@ -301,7 +301,8 @@ def test_readme_test_command_is_what_ci_runs():
     root, command = _readme_command("quickstart-test")
     ci = (root / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert command in ci, "README's test command and .ci/run differ"
-    assert command.endswith("pytest -q")
+    # two pytest-xdist workers, a test file each at a time (module fixtures load once)
+    assert command.endswith("pytest -q -n 2 --dist loadfile")
     assert ci[0] == "#!/usr/bin/env bash" and "set -euo pipefail" in ci
 
 
