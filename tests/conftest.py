@@ -5,6 +5,7 @@
 - fp32 comparisons run with TF32 off (docs/design.md, numerics).
 - Tests marked ``gpu`` skip cleanly without a CUDA device.
 - ``HF_HUB_OFFLINE=1`` and a private, empty ``HF_HUB_CACHE``: no test downloads.
+- Ray Serve's proxy start-up limits raised (a loaded machine, below).
 - ``BERTFAST_TEST_EARLY_FAILURES=1`` prints each failure the moment it is reported
   (one ``EARLY FAILED <nodeid> (<phase>)`` line and the head of its traceback), so a
   run cut by a timeout, whose end-of-run summary never comes, still names its
@@ -23,6 +24,13 @@ import tempfile
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HUB_CACHE"] = tempfile.mkdtemp(prefix="bertfast-tests-hf-cache-")
 atexit.register(shutil.rmtree, os.environ["HF_HUB_CACHE"], True)
+
+# Ray Serve's proxy gets 5 s to report ready and is dropped after three misses; with two
+# pytest-xdist workers busy on a 2-core machine it once took longer, and serve.start()
+# failed. Generous limits for every Ray process the tests start (they inherit the
+# environment), in process and in `bertfast serve --ray` subprocesses alike.
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

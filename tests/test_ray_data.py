@@ -32,9 +32,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cluster():
     ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
+    try:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

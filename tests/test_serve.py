@@ -116,16 +116,20 @@ def test_serve_command(ckpt, reference, tmp_path):
 @pytest.fixture(scope="module")
 def server(ckpt):
     ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(
-        serve_app(ckpt, max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.02),
-        name="bertfast",
-        route_prefix="/",
-    )
-    yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
-    ray.shutdown()
+    try:  # a failed start still shuts Ray down: no later module inherits it
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(
+            serve_app(ckpt, max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.02),
+            name="bertfast",
+            route_prefix="/",
+        )
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
 
 
 def test_200_concurrent_requests_batched(server, reference):
