@@ -97,7 +97,7 @@ def test_list_shows_every_stage_bounded(tmp_path):
     lines = result.stdout.strip().splitlines()
     labels = _labels(result.stdout)
     assert labels[0] == "install"
-    expected = ["tests:new-gpu", "tests:unfinished", "tests:rest", "sweep-attention"]
+    expected = ["tests:new-gpu", "tests:rest", "sweep-attention"]
     expected += ["winners", "e2e"]
     expected += ["check:float16", "check:bfloat16"] + (["sweep-ops"] if HAS_OPS_SWEEP else [])
     for stage in expected:
@@ -114,19 +114,23 @@ def test_list_shows_every_stage_bounded(tmp_path):
     assert "test_cuda_epilogue" not in memcheck.split(" -k ")[-1]
     assert labels.index("winners") < labels.index("e2e")  # e2e takes the table
     assert any("--no-build-isolation --no-deps" in ln for ln in lines)
-    # the files that failed on the last GPU run first, then those no GPU run reached,
-    # the rest of tests/ last without them; each names its failures as they happen
-    assert labels.index("tests:new-gpu") < labels.index("tests:unfinished")
-    assert labels.index("tests:unfinished") < labels.index("tests:rest")
+    # the files that failed on the last GPU run first (then those no GPU run reached:
+    # none listed now), the rest of tests/ last without them and without the files that
+    # passed on the last GPU runs; each names its failures as they happen
+    assert "tests:unfinished" not in labels  # an empty group runs nothing
+    assert labels.index("tests:new-gpu") < labels.index("tests:rest")
     first = next(ln for ln in lines if ln.startswith("[tests:new-gpu]"))
-    assert "pytest tests/test_hub.py tests/test_gpu_check.py -q" in first
+    assert "pytest tests/test_docs.py -q" in first
     assert "BERTFAST_TEST_EARLY_FAILURES=1" in first and "--dist load " in first
-    second = next(ln for ln in lines if ln.startswith("[tests:unfinished]"))
-    assert "tests/test_compile.py tests/test_fast_path.py" in second
     rest = next(ln for ln in lines if ln.startswith("[tests:rest]"))
+    assert " --ignore=tests/test_docs.py" in rest  # each file in one group
     assert " --ignore=tests/test_compile.py" in rest and " --ignore=tests/test_hub.py" in rest
-    assert "tests/test_hub.py" not in second  # each file in one group
-    assert "--dist loadfile" in rest
+    assert " --ignore=tests/ops/test_cuda_backend.py" in rest
+    assert "--dist loadfile" in rest and " -v " in rest  # a cut run still names its tests
+    everything = _run(tmp_path / "all", "--list", "all", env=dict(os.environ, GPU_CHECK_ALL_TESTS="1"))
+    assert everything.returncode == 0, everything.stderr
+    rest_all = next(ln for ln in everything.stdout.splitlines() if ln.startswith("[tests:rest]"))
+    assert "--ignore=tests/test_docs.py" in rest_all and "test_compile" not in rest_all
     # every command is bounded, each stage within a 10-minute call
     limits = _limits(result.stdout)
     assert limits and max(limits.values()) < 600
