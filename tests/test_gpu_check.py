@@ -127,7 +127,8 @@ def test_list_shows_every_stage_bounded(tmp_path):
     assert " --ignore=tests/test_compile.py" in rest and " --ignore=tests/test_hub.py" in rest
     assert " --ignore=tests/ops/test_cuda_backend.py" in rest
     assert "--dist loadfile" in rest and " -v " in rest  # a cut run still names its tests
-    everything = _run(tmp_path / "all", "--list", "all", env=dict(os.environ, GPU_CHECK_ALL_TESTS="1"))
+    all_env = dict(os.environ, GPU_CHECK_ALL_TESTS="1")
+    everything = _run(tmp_path / "all", "--list", "all", env=all_env)
     assert everything.returncode == 0, everything.stderr
     rest_all = next(ln for ln in everything.stdout.splitlines() if ln.startswith("[tests:rest]"))
     assert "--ignore=tests/test_docs.py" in rest_all and "test_compile" not in rest_all
