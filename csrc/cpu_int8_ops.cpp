@@ -15,6 +15,7 @@
 #include <tuple>
 
 #include "binding.h"
+#include "cpu_int8_ops.h"
 #include "registry.h"
 
 #include "cpu/qgemm.h"
@@ -256,6 +257,13 @@ Tensor qlinear(const Tensor& x, const Tensor& packed, const Tensor& colsum, cons
 }
 
 }  // namespace
+
+Tensor cpu_qlinear(const Tensor& x, const Tensor& packed, const Tensor& colsum,
+                   const Tensor& w_scale, const OptTensor& bias,
+                   const std::optional<std::string>& activation,
+                   const std::optional<std::string>& isa, bool split) {
+  return qlinear(x, packed, colsum, w_scale, bias, activation, isa, split);
+}
 
 std::string cpu_int8_isa(const std::optional<std::string>& isa) {
   Op op = int8_op("int8_isa");

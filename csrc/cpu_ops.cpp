@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "binding.h"
+#include "cpu_int8_ops.h"
 
 #include "cpu/kernels.h"
 
@@ -298,6 +299,55 @@ Tensor encoder_layer(const Tensor& h, const Tensor& cu_seqlens, int64_t max_seql
   });
 }
 
+// encoder_layer for a model loaded with quantize="int8" (its attention in fp32): each
+// linear layer is qlinear on the layer's int8 weight (packed, colsum, w_scale as
+// qgemm_pack and the model made them; bit g of `split` is GEMM g's split flag, the
+// GEMMs in the order QKV, attention output, FFN in, FFN out). The ops and their order
+// are the op-by-op int8 layer's (bertfast/ops/cpu_encoder.py; biases where it passes
+// them), so the result is the same bit for bit.
+Tensor encoder_layer_int8(
+    const Tensor& h, const Tensor& cu_seqlens, int64_t max_seqlen, int64_t num_heads, double scale,
+    const Tensor& qkv, const Tensor& qkv_colsum, const Tensor& qkv_scale, const OptTensor& qkv_bias,
+    const Tensor& attn_out, const Tensor& attn_out_colsum, const Tensor& attn_out_scale,
+    const OptTensor& attn_out_bias, const Tensor& attn_ln_weight, const Tensor& attn_ln_bias,
+    const Tensor& ffn_in, const Tensor& ffn_in_colsum, const Tensor& ffn_in_scale,
+    const OptTensor& ffn_in_bias, const std::optional<std::string>& activation,
+    const Tensor& ffn_out, const Tensor& ffn_out_colsum, const Tensor& ffn_out_scale,
+    const OptTensor& ffn_out_bias, const Tensor& ffn_ln_weight, const Tensor& ffn_ln_bias,
+    double eps, int64_t split) {
+  Op op = cpu_op("encoder_layer_int8");
+  op.tensor(h, "h", ScalarType::Float);
+  op.dims(h, "h", 2);
+  if (split < 0 || split > 15)
+    op.value_error("split must be a 4-bit mask (0 .. 15), got " + std::to_string(split));
+  const auto split_of = [split](int g) { return ((split >> g) & 1) != 0; };
+  const std::optional<std::string> none;
+  const Tensor y = step(op, "QKV projection", [&] {
+    return cpu_qlinear(h, qkv, qkv_colsum, qkv_scale, qkv_bias, none, none, split_of(0));
+  });
+  const Tensor ctx = step(op, "attention", [&] {
+    return attention_varlen(y, cu_seqlens, max_seqlen, num_heads, scale);
+  });
+  Tensor a = step(op, "attention output projection", [&] {
+    return cpu_qlinear(ctx, attn_out, attn_out_colsum, attn_out_scale, std::nullopt, none, none,
+                       split_of(1));
+  });
+  const Tensor h1 = step(op, "attention LayerNorm", [&] {
+    return add_layernorm(a, h, attn_out_bias, attn_ln_weight, attn_ln_bias, eps, OptTensor(a));
+  });
+  const Tensor f = step(op, "FFN in", [&] {
+    return cpu_qlinear(h1, ffn_in, ffn_in_colsum, ffn_in_scale, ffn_in_bias, activation, none,
+                       split_of(2));
+  });
+  Tensor o = step(op, "FFN out", [&] {
+    return cpu_qlinear(f, ffn_out, ffn_out_colsum, ffn_out_scale, std::nullopt, none, none,
+                       split_of(3));
+  });
+  return step(op, "FFN LayerNorm", [&] {
+    return add_layernorm(o, h1, ffn_out_bias, ffn_ln_weight, ffn_ln_bias, eps, OptTensor(o));
+  });
+}
+
 }  // namespace
 }  // namespace bertfast
 
@@ -345,6 +395,16 @@ STABLE_TORCH_LIBRARY(bertfast_cpu, m) {
       "Tensor attn_ln_weight, Tensor attn_ln_bias, Tensor ffn_in, Tensor? ffn_in_bias, "
       "int intermediate, str? activation, Tensor ffn_out, Tensor? ffn_out_bias, "
       "Tensor ffn_ln_weight, Tensor ffn_ln_bias, float eps, bool allow_avx512=True) -> Tensor");
+  // encoder_layer with int8 linear layers (qlinear's packed, colsum, w_scale each;
+  // split: a 4-bit mask of the GEMMs' split flags), attention in fp32.
+  m.def(
+      "encoder_layer_int8(Tensor h, Tensor cu_seqlens, int max_seqlen, int num_heads, "
+      "float scale, Tensor qkv, Tensor qkv_colsum, Tensor qkv_scale, Tensor? qkv_bias, "
+      "Tensor attn_out, Tensor attn_out_colsum, Tensor attn_out_scale, Tensor? attn_out_bias, "
+      "Tensor attn_ln_weight, Tensor attn_ln_bias, Tensor ffn_in, Tensor ffn_in_colsum, "
+      "Tensor ffn_in_scale, Tensor? ffn_in_bias, str? activation, Tensor ffn_out, "
+      "Tensor ffn_out_colsum, Tensor ffn_out_scale, Tensor? ffn_out_bias, "
+      "Tensor ffn_ln_weight, Tensor ffn_ln_bias, float eps, int split) -> Tensor");
 }
 
 // CompositeExplicitAutograd: every device reaches the entry point, whose own check
@@ -362,4 +422,5 @@ STABLE_TORCH_LIBRARY_IMPL(bertfast_cpu, CompositeExplicitAutograd, m) {
   m.impl("linear_pack", TORCH_BOX(&linear_pack));
   m.impl("linear_packed", TORCH_BOX(&linear_packed));
   m.impl("encoder_layer", TORCH_BOX(&encoder_layer));
+  m.impl("encoder_layer_int8", TORCH_BOX(&encoder_layer_int8));
 }

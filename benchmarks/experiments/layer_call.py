@@ -3,13 +3,16 @@
 ``cpu.encoder_layer`` runs a layer's seven ops in one call to ``bertfast._C`` where
 every GEMM of the layer is on the C++ GEMM (a loaded model, up to
 ``cpu_weights.SMALL_ROWS`` tokens); ``cpu.FUSED_LAYER = False`` runs the same
-kernels one Python call each. Both are timed here on the same model and inputs,
+kernels one Python call each. With ``--quantize int8`` the model's linear layers are
+int8 and the layer call is ``quant.encoder_layer`` (``_C.cpu.encoder_layer_int8``,
+any row count, attention in fp32: ``BERTFAST_CPU_INT8_ATTENTION=fp32`` where the CPU
+has native bf16). Both are timed here on the same model and inputs,
 alternating round by round in one process; medians of the rounds' medians, and
 the ratio (only ratios inside one run mean anything on a shared machine). The
 outputs are checked equal first. Usage::
 
     python benchmarks/experiments/layer_call.py [--model minilm|bert-base|FOLDER] \
-        [--shapes 1x16,1x128]
+        [--shapes 1x16,1x128] [--quantize int8]
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--seconds", type=float, default=0.3, help="per variant per round")
+    ap.add_argument("--quantize", choices=["int8"], default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     folder = presets.resolve(args.model)
-    model = bertfast.from_pretrained(folder, backend="cpu")
-    print(f"{folder}: {args.threads} threads, ms per forward, median of {args.rounds} rounds")
+    model = bertfast.from_pretrained(folder, backend="cpu", quantize=args.quantize)
+    kind = args.quantize or "fp32"
+    print(f"{folder} ({kind}): {args.threads} threads, ms per forward, ", end="")
+    print(f"median of {args.rounds} rounds")
     print(f"{'shape':>7s} {'per layer':>10s} {'per op':>9s} {'per op / per layer':>19s}")
     for shape in args.shapes.split(","):
         B, S = (int(v) for v in shape.split("x"))

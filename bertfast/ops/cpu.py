@@ -118,6 +118,7 @@ def encoder_layer(h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, 
     """One encoder layer of packed tokens ``h`` ``[T, H]`` in one native call (no
     Python between its ops), or None where it does not apply: ``FUSED_LAYER`` off, or
     a GEMM weight not on the C++ GEMM at ``T`` rows (``cpu_weights.layer_panels``).
+    int8 weights (``quantize="int8"``) take ``quant.encoder_layer``.
 
     ``weights``/``biases``: QKV, attention output, FFN in, FFN out (biases may be
     None); ``ln``: attention LayerNorm weight, bias, FFN LayerNorm weight, bias. The
@@ -125,6 +126,10 @@ def encoder_layer(h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, 
     bit for bit (``tests/ops/test_cpu_encoder_layer.py``)."""
     if not FUSED_LAYER:
         return None
+    if _quant is not None and _quant.is_quantized(weights[0]):
+        return _quant.encoder_layer(
+            h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, ln, act, eps
+        )
     panels = _weights.layer_panels(weights, h.shape[0])
     if panels is None:
         return None

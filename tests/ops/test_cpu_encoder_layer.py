@@ -5,8 +5,10 @@ each layer in one call instead of seven.
 
 References: the same model op by op (``cpu.FUSED_LAYER = False``: the same kernels,
 so equal bit for bit) and transformers (parity), for every architecture the
-encoder loop handles differently; then where the call must not be taken (rows on
-oneDNN, int8 weights, bf16), and the binding's checks on what it is given.
+encoder loop handles differently, in fp32 and with int8 weights (``quantize="int8"``,
+``_C.cpu.encoder_layer_int8``, at any row count); then where the call must not be
+taken (rows on oneDNN, bf16, int8 with bf16 attention), and the binding's checks on
+what it is given.
 """
 
 from __future__ import annotations
@@ -138,17 +140,57 @@ def test_not_taken_where_a_gemm_runs_on_onednn(zoo, monkeypatch):
     assert (out - ref).abs().max().item() <= ATOL
 
 
-@pytest.mark.parametrize("kind", ["int8", "bf16", "plain"])
-def test_not_taken_for_weights_off_the_cpp_gemm(kind, zoo, monkeypatch):
-    """int8 weights, bf16 weights and weights a model does not own packed (plain
-    tensors: ``optimize()``'s) never reach the fp32 C++ GEMM's layer call: it is
-    considered for every layer and declined (int8 with fp32 attention, so that the
-    layer call is considered at all)."""
-    hf, folder = zoo["bert"]
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("lengths", [[1], [7, 3], [14, 1, 9, 5], [30, 1, 17, 9]])
+def test_int8_native_layer_equals_op_by_op(family, lengths, zoo, monkeypatch):
+    """int8 weights (``quantize="int8"``) with fp32 attention: one native call per layer
+    (``quant.encoder_layer``, ``_C.cpu.encoder_layer_int8``) at every row count, equal
+    bit for bit to the same model op by op, and within the int8 contract of
+    transformers (the accuracy contract itself is tests/test_accuracy_contract.py)."""
     monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", "fp32")
-    if kind == "int8":
-        model = bertfast.from_pretrained(folder, backend="cpu", quantize="int8")
-    elif kind == "bf16":
+    hf, folder = zoo[family]
+    model = bertfast.from_pretrained(folder, backend="cpu", quantize="int8")
+    ids, mask = _batch(lengths, hf.config.vocab_size)
+    count = Count(monkeypatch)
+    fused = _run(model, ids, mask)
+    layers = len(model.config.layer_schedule())
+    assert count.ran == layers and count.declined == 0
+    monkeypatch.setattr(cpu_ops, "FUSED_LAYER", False)
+    op_by_op = _run(model, ids, mask)
+    assert count.ran == layers  # not taken when switched off
+    for a, b in zip(fused, op_by_op, strict=True):
+        assert torch.equal(a, b)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    cos = torch.nn.functional.cosine_similarity(fused[0][real], ref[real], dim=-1)
+    assert cos.min().item() > 0.95
+
+
+def test_int8_with_bf16_attention_goes_op_by_op(zoo, monkeypatch):
+    """int8 attention in bf16 (``BERTFAST_CPU_INT8_ATTENTION``; the default where the
+    CPU has native bf16) is not in the int8 layer call: the layer runs op by op."""
+    monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", "bf16")
+    hf, folder = zoo["bert"]
+    model = bertfast.from_pretrained(folder, backend="cpu", quantize="int8")
+    ids, mask = _batch([5, 3], hf.config.vocab_size)
+    count = Count(monkeypatch)
+    out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert count.ran == 0 and count.declined == 0
+    monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", "fp32")  # read at load
+    model = bertfast.from_pretrained(folder, backend="cpu", quantize="int8")
+    fp32_attention = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert count.ran == hf.config.num_hidden_layers
+    assert not torch.equal(out, fp32_attention)  # bf16 attention did run
+
+
+@pytest.mark.parametrize("kind", ["bf16", "plain"])
+def test_not_taken_for_weights_off_the_cpp_gemm(kind, zoo, monkeypatch):
+    """bf16 weights and weights a model does not own packed (plain tensors:
+    ``optimize()``'s) never reach the fp32 C++ GEMM's layer call: it is considered for
+    every layer and declined."""
+    hf, folder = zoo["bert"]
+    if kind == "bf16":
         model = bertfast.from_pretrained(folder, backend="cpu", dtype=torch.bfloat16)
     else:
         model = bertfast.optimize(hf, backend="cpu")

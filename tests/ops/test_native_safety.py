@@ -658,7 +658,95 @@ def _int8_cases():
     }
 
 
-ALL_CASES = {**CASES, **_packed_cases(), **_layer_cases(), **_int8_cases()}
+def _int8_weight(n, k):
+    """An int8 [n, k] weight as qlinear takes it: (packed, colsum, w_scale)."""
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int32).to(torch.int8)
+    packed, colsum = cpu.qgemm_pack(w)
+    return packed, colsum, torch.rand(n) * 0.02 + 1e-3
+
+
+def _layer_int8_args(**over):
+    """encoder_layer_int8's arguments: 3 tokens (sequences of 2 and 1), H 8, 2 heads,
+    FFN 16; the QKV GEMM split (bit 0), the others not."""
+    H, I = 8, 16
+    qkv, proj, ffn_in, ffn_out = (_int8_weight(*nk) for nk in ((3 * H, H), (H, H), (I, H), (H, I)))
+    args = dict(
+        h=torch.randn(3, H), cu=torch.tensor([0, 2, 3], dtype=torch.int32), max_len=2, heads=2,
+        scale=0.5, qkv=qkv[0], qkv_c=qkv[1], qkv_s=qkv[2], qkv_b=torch.randn(3 * H),
+        proj=proj[0], proj_c=proj[1], proj_s=proj[2], proj_b=torch.randn(H),
+        ln1_w=torch.ones(H), ln1_b=torch.zeros(H),
+        ffn_in=ffn_in[0], ffn_in_c=ffn_in[1], ffn_in_s=ffn_in[2], ffn_in_b=torch.randn(I),
+        act="gelu", ffn_out=ffn_out[0], ffn_out_c=ffn_out[1], ffn_out_s=ffn_out[2],
+        ffn_out_b=torch.randn(H), ln2_w=torch.ones(H), ln2_b=torch.zeros(H), eps=1e-12, split=1,
+    )  # fmt: skip
+    args.update(over)
+    return args
+
+
+def _layer_int8_cases():
+    """encoder_layer_int8 (csrc/cpu_ops.cpp): its own checks, then each step's, named."""
+    if not hasattr(cpu, "encoder_layer_int8"):  # pragma: no cover - a build without int8
+        return {}
+    L, fn = _layer_int8_args, cpu.encoder_layer_int8
+    k9, k12 = _int8_weight(24, 9), _int8_weight(8, 12)
+    return {
+        "layer8/h dtype": (fn, L(h=torch.randn(3, 8).double()), TypeError, "h has"),
+        "layer8/h 3-d": (fn, L(h=torch.randn(1, 3, 8)), ValueError, "h must have 2"),
+        "layer8/split": (fn, L(split=16), ValueError, "split must be a 4-bit mask"),
+        "layer8/qkv K": (
+            fn,
+            L(qkv=k9[0], qkv_c=k9[1]),
+            ValueError,
+            "QKV projection (qlinear): packed has size 3 in dim 1, expected 2",
+        ),
+        "layer8/qkv colsum": (
+            fn,
+            L(qkv_c=torch.zeros(8, dtype=torch.int32)),
+            ValueError,
+            "QKV projection (qlinear): colsum has size 8",
+        ),
+        "layer8/cu_seqlens": (
+            fn,
+            L(cu=torch.tensor([0, 2, 5], dtype=torch.int32)),
+            IndexError,
+            "attention (attention_varlen): cu_seqlens must rise",
+        ),
+        "layer8/heads": (fn, L(heads=3), ValueError, "attention (attention_varlen)"),
+        "layer8/proj scales": (
+            fn,
+            L(proj_s=torch.ones(70)),
+            ValueError,
+            "attention output projection (qlinear)",
+        ),
+        "layer8/ln1 bias": (
+            fn,
+            L(proj_b=torch.randn(9)),
+            ValueError,
+            "attention LayerNorm (add_layernorm): bias",
+        ),
+        "layer8/activation": (fn, L(act="swish"), ValueError, "FFN in (qlinear)"),
+        "layer8/ffn_out K": (
+            fn,
+            L(ffn_out=k12[0], ffn_out_c=k12[1], ffn_out_s=k12[2]),
+            ValueError,
+            "FFN out (qlinear)",
+        ),
+        "layer8/ln2 weight": (
+            fn,
+            L(ln2_w=torch.ones(7)),
+            ValueError,
+            "FFN LayerNorm (add_layernorm): weight",
+        ),
+    }
+
+
+ALL_CASES = {
+    **CASES,
+    **_packed_cases(),
+    **_layer_cases(),
+    **_int8_cases(),
+    **_layer_int8_cases(),
+}
 
 
 @pytest.mark.parametrize("case", sorted(ALL_CASES))
@@ -739,3 +827,25 @@ def test_encoder_layer_is_its_steps():
     o = cpu.linear_packed(f, a["ffn_out"], None, 8, None, True)
     want = cpu.add_layernorm(o, h1, a["ffn_out_b"], a["ln2_w"], a["ln2_b"], a["eps"])
     assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(not hasattr(cpu, "encoder_layer_int8"), reason="a build without int8")
+@pytest.mark.parametrize("split", [0, 1, 0b1010, 15])
+def test_encoder_layer_int8_is_its_steps(split):
+    """A valid encoder_layer_int8 call (run under the sanitizers too) equals its steps:
+    qlinear (each GEMM's split flag from its bit), attention_varlen, add_layernorm."""
+    a = _layer_int8_args(split=split)
+    got = _call(cpu.encoder_layer_int8, a)
+    bit = [bool(split >> g & 1) for g in range(4)]
+    y = cpu.qlinear(a["h"], a["qkv"], a["qkv_c"], a["qkv_s"], a["qkv_b"], None, None, bit[0])
+    ctx = cpu.attention_varlen(y, a["cu"], a["max_len"], a["heads"], a["scale"])
+    x = cpu.qlinear(ctx, a["proj"], a["proj_c"], a["proj_s"], None, None, None, bit[1])
+    h1 = cpu.add_layernorm(x, a["h"], a["proj_b"], a["ln1_w"], a["ln1_b"], a["eps"])
+    f = cpu.qlinear(
+        h1, a["ffn_in"], a["ffn_in_c"], a["ffn_in_s"], a["ffn_in_b"], "gelu", None, bit[2]
+    )
+    o = cpu.qlinear(f, a["ffn_out"], a["ffn_out_c"], a["ffn_out_s"], None, None, None, bit[3])
+    want = cpu.add_layernorm(o, h1, a["ffn_out_b"], a["ln2_w"], a["ln2_b"], a["eps"])
+    assert torch.equal(got, want)
+    if split:  # the mask reaches the GEMMs: a split GEMM's activations carry more bits
+        assert not torch.equal(got, _call(cpu.encoder_layer_int8, dict(a, split=0)))
