@@ -96,15 +96,11 @@ def _run(model, ids, mask):
     return [out.last_hidden_state, *out.hidden_states]
 
 
-@pytest.mark.parametrize("family", FAMILIES + ["onednn"])
-@pytest.mark.parametrize(
-    "lengths", [[1], [7, 3], [10, 10, 10], [14, 1, 9, 5], [16, 16, 16], [30, 1, 17, 9]]
-)
-def test_native_layer_equals_op_by_op_and_transformers(family, lengths, zoo, monkeypatch):
-    if sum(lengths) > cpu_weights.SMALL_ROWS:
-        pytest.skip(f"above {cpu_weights.SMALL_ROWS} rows this CPU runs the GEMMs on oneDNN")
-    hf, folder = zoo[family]
-    model = _on_panels(folder, family, monkeypatch)
+def _layer_call_equals_op_by_op(model, hf, lengths, monkeypatch):
+    """Runs ``model`` on a batch of ``lengths`` with the layer call (taken for every
+    layer) and op by op (``FUSED_LAYER = False``, not taken), asserts every hidden
+    state equal bit for bit, and returns (last hidden state, transformers' last hidden
+    state, the real-token mask) for the parity check."""
     ids, mask = _batch(lengths, hf.config.vocab_size)
     count = Count(monkeypatch)
     fused = _run(model, ids, mask)
@@ -117,8 +113,20 @@ def test_native_layer_equals_op_by_op_and_transformers(family, lengths, zoo, mon
         assert torch.equal(a, b)
     with torch.no_grad():
         ref = hf(input_ids=ids, attention_mask=mask).last_hidden_state
-    real = mask.bool()
-    assert (fused[0][real] - ref[real]).abs().max().item() <= ATOL
+    return fused[0], ref, mask.bool()
+
+
+@pytest.mark.parametrize("family", FAMILIES + ["onednn"])
+@pytest.mark.parametrize(
+    "lengths", [[1], [7, 3], [10, 10, 10], [14, 1, 9, 5], [16, 16, 16], [30, 1, 17, 9]]
+)
+def test_native_layer_equals_op_by_op_and_transformers(family, lengths, zoo, monkeypatch):
+    if sum(lengths) > cpu_weights.SMALL_ROWS:
+        pytest.skip(f"above {cpu_weights.SMALL_ROWS} rows this CPU runs the GEMMs on oneDNN")
+    hf, folder = zoo[family]
+    model = _on_panels(folder, family, monkeypatch)
+    fused, ref, real = _layer_call_equals_op_by_op(model, hf, lengths, monkeypatch)
+    assert (fused[real] - ref[real]).abs().max().item() <= ATOL
 
 
 @pytest.mark.skipif(not cpu_weights.ONEDNN, reason="torch has no oneDNN")
@@ -150,20 +158,8 @@ def test_int8_native_layer_equals_op_by_op(family, lengths, zoo, monkeypatch):
     monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", "fp32")
     hf, folder = zoo[family]
     model = bertfast.from_pretrained(folder, backend="cpu", quantize="int8")
-    ids, mask = _batch(lengths, hf.config.vocab_size)
-    count = Count(monkeypatch)
-    fused = _run(model, ids, mask)
-    layers = len(model.config.layer_schedule())
-    assert count.ran == layers and count.declined == 0
-    monkeypatch.setattr(cpu_ops, "FUSED_LAYER", False)
-    op_by_op = _run(model, ids, mask)
-    assert count.ran == layers  # not taken when switched off
-    for a, b in zip(fused, op_by_op, strict=True):
-        assert torch.equal(a, b)
-    with torch.no_grad():
-        ref = hf(input_ids=ids, attention_mask=mask).last_hidden_state
-    real = mask.bool()
-    cos = torch.nn.functional.cosine_similarity(fused[0][real], ref[real], dim=-1)
+    fused, ref, real = _layer_call_equals_op_by_op(model, hf, lengths, monkeypatch)
+    cos = torch.nn.functional.cosine_similarity(fused[real], ref[real], dim=-1)
     assert cos.min().item() > 0.95
 
 
