@@ -794,3 +794,17 @@ def load_checkpoint(
         if close is not None:
             close()
     return cfg, head, weights
+
+
+def release_freed_memory() -> None:
+    """Give the heap pages freed so far back to the OS (glibc's ``malloc_trim``; a
+    no-op where it is missing). A load frees what it read and did not keep (the fp32
+    checkpoint tensors a ``quantize="int8"`` model replaces, the copies packing
+    made), and glibc keeps such pages resident for reuse: all-MiniLM-L6-v2 in int8 held
+    50 MB more after its load than after this (+114 MB against +64 MB)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -48,7 +48,7 @@ from torch import nn
 
 from . import heads as H
 from . import hub, ops
-from .checkpoint import encoder_weight_specs, file_backed, load_checkpoint
+from .checkpoint import encoder_weight_specs, file_backed, load_checkpoint, release_freed_memory
 from .config import EncoderConfig
 from .info import warn_if_slow_bf16
 from .outputs import EncoderOutput
@@ -807,6 +807,8 @@ def from_pretrained(
     model = BertfastModel(
         cfg, weights, head=head, backend=backend, own_weights=True, quantize=quantize
     )
+    del weights  # the checkpoint tensors the model did not keep (int8: the fp32 ones)
+    release_freed_memory()
     warn_if_slow_bf16(device, dtype)  # once per process, on a CPU without native bf16
     if cuda_graphs or (cuda_graphs is None and device.type == "cuda"):
         model.enable_cuda_graphs(cuda_graphs)

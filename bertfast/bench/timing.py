@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checkpoint import release_freed_memory
 from ..info import cpu_info
 
 __all__ = [
@@ -130,17 +131,6 @@ def _proc_status_kb(key: str) -> int:
     return 0
 
 
-def _malloc_trim() -> None:
-    """Give freed heap pages back to the OS (glibc), so the next call's working set
-    shows up as resident-set growth instead of reusing already-resident free memory."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def resident_bytes(trim: bool = False) -> int | None:
     """The process's resident set (``VmRSS``) in bytes after a garbage collection;
     with ``trim``, after ``malloc_trim`` too, so heap memory glibc keeps after a
@@ -148,7 +138,7 @@ def resident_bytes(trim: bool = False) -> int | None:
     ``/proc`` is not available."""
     gc.collect()
     if trim:
-        _malloc_trim()
+        release_freed_memory()  # the next call's working set shows up as growth
     try:
         kb = _proc_status_kb("VmRSS")
     except OSError:
@@ -207,7 +197,7 @@ def peak_memory(fn: Callable[[], object], device="cpu") -> int | None:
         return int(torch.cuda.max_memory_allocated() - before)
     try:
         gc.collect()
-        _malloc_trim()
+        release_freed_memory()  # the next call's working set shows up as growth
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
         before = _proc_status_kb("VmRSS")
