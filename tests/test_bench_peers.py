@@ -31,7 +31,14 @@ from tests import models
 
 transformers = pytest.importorskip("transformers")
 
-PEERS = ("onnxruntime", "openvino", "ctranslate2", "onnxruntime-int8", "ctranslate2-int8")
+PEERS = (
+    "onnxruntime",
+    "openvino",
+    "ctranslate2",
+    "onnxruntime-int8",
+    "ctranslate2-int8",
+    "openvino-bf16",
+)
 FP32 = torch.float32
 
 
@@ -84,7 +91,13 @@ def test_peer_parity(name, checkpoint, cache):
     out = run(batch)
     assert tuple(out.shape) == tuple(ref.shape)
     err = parity_error(out, ref, batch.attention_mask)
-    tol = INT8_PARITY_TOL if name.endswith("-int8") else PARITY_TOL[FP32]
+    tol = (
+        INT8_PARITY_TOL
+        if name.endswith("-int8")
+        else PARITY_TOL[torch.bfloat16]
+        if name.endswith("-bf16")
+        else PARITY_TOL[FP32]
+    )
     assert prov.parity_tol(FP32) == tol
     assert err <= tol, f"{name}: max |out - transformers| on real tokens {err:.2e} > {tol}"
     # Real tokens of a row do not depend on the other rows' lengths (the padding mask
@@ -217,15 +230,17 @@ def test_report_keeps_int8_apart():
         row("onnxruntime", 12.0),
         row("openvino", 10.0, provider_info={"hint": "LATENCY"}),
         row("ctranslate2-int8", 4.0, int8=True, parity_tol=0.5),
+        row("openvino-bf16", 5.0, int8=True, parity_tol=0.05),
         row("bertfast-cpu", 11.0),
     ]
     text = report.build(rows, {})
-    fp32_part, int8_part = text.split("## Int8 peers")
-    assert "ctranslate2-int8" not in fp32_part and "ctranslate2-int8" in int8_part
+    fp32_part, int8_part = text.split("## Low precision")
+    for low in ("ctranslate2-int8", "openvino-bf16"):
+        assert low not in fp32_part and low in int8_part
     assert "Some CPU" in text and "avx2 fma" in text and "isolation: process" in text
     assert "OpenVINO performance hint used: LATENCY" in text
     # best fp32 peer is OpenVINO (10 ms) -> bertfast at 11 ms is 0.91x: not met, even
-    # though the int8 peer would be faster still.
+    # though the int8 and bf16 peers would be faster still.
     target = next(ln for ln in text.splitlines() if "best fp32 peer" in ln and "full" in ln)
     assert "not met" in target and "0.91x vs OV" in target
     # the int8 row is compared with the best bertfast fp32 row: 11 / 4
@@ -273,7 +288,9 @@ def test_registry_names_every_provider_once():
     n = len(registry.BASELINES)
     assert suite[:n] == list(registry.BASELINES)
     assert suite[n : n + len(registry.INT8_PEERS)] == list(registry.INT8_PEERS)
-    assert all(name.startswith("bertfast-") for name in suite[n + len(registry.INT8_PEERS) :])
+    n += len(registry.INT8_PEERS)
+    assert suite[n : n + len(registry.BF16_PEERS)] == list(registry.BF16_PEERS)
+    assert all(name.startswith("bertfast-") for name in suite[n + len(registry.BF16_PEERS) :])
     builtin = [p.name for p in registry.builtin_providers("cpu")]
     assert builtin[:2] == ["transformers-eager", "transformers-sdpa"]
     known = registry.known_providers("cpu")
@@ -286,3 +303,9 @@ def test_registry_names_every_provider_once():
         registry.provider_by_name("no-such-runtime", "cpu")
     for name in PEERS:
         assert registry.provider_by_name(name, "cpu", cache_dir="/cache").cache_dir == "/cache"
+    # the bf16 peer is a low-precision row, like bertfast's bf16 one: apart from the fp32
+    # rows, held to the bf16 tolerance, and asks OpenVINO for bf16
+    bf16, ours = known["openvino-bf16"], known["bertfast-cpu-bf16"]
+    assert bf16.int8 and bf16.precision == ours.precision == "bfloat16"
+    assert bf16.parity_tol(FP32) == ours.parity_tol(FP32) == PARITY_TOL[torch.bfloat16]
+    assert not known["openvino"].int8 and known["openvino"].parity_tol(FP32) == PARITY_TOL[FP32]

@@ -18,6 +18,8 @@ interface: ONNX Runtime, OpenVINO and CTranslate2 (fp32), and their int8 variant
                             and timed on a probe batch at load, the faster one is kept and
                             recorded (``info["hint"]``, ``info["hint_probe_ms"]``);
                             ``openvino-latency`` / ``openvino-throughput`` force one
+``openvino-bf16``           the same with ``INFERENCE_PRECISION_HINT=bf16`` (a low-precision
+                            row, beside bertfast's bf16 one)
 ``ctranslate2``             the checkpoint folder converted by ``ctranslate2.converters.
                             TransformersConverter`` (``quantization="float32"``), run by
                             ``ctranslate2.Encoder.forward_batch`` with the real tokens of
@@ -294,16 +296,33 @@ class OnnxRuntimeProvider(Provider):
 
 
 class OpenVinoProvider(Provider):
-    """OpenVINO (CPU plugin, fp32 inference precision) on the raw ONNX export."""
+    """OpenVINO (CPU plugin) on the raw ONNX export: fp32 inference precision, or with
+    ``bf16=True`` OpenVINO's bf16 (``INFERENCE_PRECISION_HINT=bf16``: what a user of
+    OpenVINO turns on for speed on a CPU with AMX / AVX512-BF16), a low-precision row
+    like bertfast's bf16 one: reported apart from the fp32 rows, parity within the bf16
+    tolerance. The precision OpenVINO ran is recorded (``info["inference_precision_hint"]``:
+    on a CPU without native bf16 it may keep f32)."""
 
     HINTS = ("LATENCY", "THROUGHPUT")
 
-    def __init__(self, hint: str | None = None, cache_dir: str | None = None):
+    def __init__(self, hint: str | None = None, cache_dir: str | None = None, bf16: bool = False):
         if hint is not None and hint not in self.HINTS:
             raise ValueError(f"OpenVINO performance hint must be one of {self.HINTS}, not {hint!r}")
         self.hint = hint
+        self.bf16 = bf16
         self.name = "openvino" if hint is None else f"openvino-{hint.lower()}"
+        if bf16:
+            self.name += "-bf16"
+            self.int8 = True  # a low-precision row: reported apart, no fp32 ratios
+            self.precision = "bfloat16"
         self.cache_dir = cache_dir
+
+    def parity_tol(self, dtype):
+        if not self.bf16:
+            return super().parity_tol(dtype)
+        from .parity import PARITY_TOL
+
+        return PARITY_TOL.get(torch.bfloat16, 5e-2)
 
     def unavailable(self, device, dtype):
         try:
@@ -326,7 +345,7 @@ class OpenVinoProvider(Provider):
                 model,
                 "CPU",
                 {
-                    "INFERENCE_PRECISION_HINT": "f32",
+                    "INFERENCE_PRECISION_HINT": "bf16" if self.bf16 else "f32",
                     "PERFORMANCE_HINT": hint,
                     "INFERENCE_NUM_THREADS": threads,
                 },
@@ -485,11 +504,12 @@ class CTranslate2Provider(Provider):
 
 
 def peer_providers(device: str = "cpu", cache_dir: str | None = None) -> list[Provider]:
-    """The other runtimes, fp32 first, then the int8 ones."""
+    """The other runtimes, fp32 first, then the int8 ones, then the bf16 one."""
     return [
         OnnxRuntimeProvider(cache_dir=cache_dir),
         OpenVinoProvider(cache_dir=cache_dir),
         CTranslate2Provider(cache_dir=cache_dir),
         OnnxRuntimeProvider(int8=True, cache_dir=cache_dir),
         CTranslate2Provider(int8=True, cache_dir=cache_dir),
+        OpenVinoProvider(cache_dir=cache_dir, bf16=True),
     ]

@@ -21,6 +21,8 @@ peers can subclass :class:`Provider` without an import circle.
 ``ctranslate2``                CTranslate2's ``Encoder`` on the converted checkpoint
 ``onnxruntime-int8``,          the int8 peers: reported apart, never in fp32 ratios
 ``ctranslate2-int8``
+``openvino-bf16``              the bf16 peer (OpenVINO's bf16 inference precision):
+                               reported apart likewise
 ``bertfast-<backend>``         ``bertfast.from_pretrained(..., backend=<backend>)``: one
                                per backend ``bertfast.backends()`` reports usable (never
                                the Triton interpreter on CPU); any backend name is
@@ -51,6 +53,7 @@ from .providers import (
 __all__ = [
     "BASELINES",
     "INT8_PEERS",
+    "BF16_PEERS",
     "builtin_providers",
     "suite_providers",
     "known_providers",
@@ -68,6 +71,8 @@ BASELINES = (
 )
 #: Int8 peers: timed with the others, reported apart, never in fp32 ratios.
 INT8_PEERS = ("onnxruntime-int8", "ctranslate2-int8")
+#: bf16 peers: likewise (beside ``bertfast-cpu-bf16``).
+BF16_PEERS = ("openvino-bf16",)
 
 
 def _bertfast_rows(device: str) -> list[Provider]:
@@ -84,7 +89,8 @@ def builtin_providers(device: str) -> list[Provider]:
 
 def suite_providers(device: str = "cpu", cache_dir: str | None = None) -> list[Provider]:
     """The suite's default: every baseline (transformers, ``torch-compile``, the fp32
-    peers), the int8 peers, then one bertfast provider per usable backend."""
+    peers), the int8 peers, the bf16 peer, then one bertfast provider per usable
+    backend."""
     return [
         TransformersProvider("eager"),
         TransformersProvider("sdpa"),

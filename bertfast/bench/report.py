@@ -213,8 +213,9 @@ def e2e_table(rows) -> str:
 
 
 def int8_table(rows) -> str:
-    """The int8 peers, each against the best correct bertfast fp32 row of its workload
-    (``x bertfast`` = bertfast median / int8 median: above 1, the int8 peer is faster)."""
+    """The low-precision rows (int8 and bf16, peers and bertfast's own), each against the
+    best correct bertfast fp32 row of its workload (``x bertfast`` = bertfast median /
+    this row's median: above 1, the row is faster)."""
     groups = e2e_groups(rows, int8=True)
     if not groups:
         return ""
@@ -659,7 +660,9 @@ def build(rows, machine) -> str:
         parts.append("")
         it = int8_table(rows)
         if it:
-            parts.append("## Int8 peers (apart: never in the fp32 ratios or targets)")
+            parts.append(
+                "## Low precision: int8 and bf16 rows (apart: never in the fp32 ratios or targets)"
+            )
             parts.append("")
             parts.append(it)
             parts.append("")
