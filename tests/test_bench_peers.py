@@ -91,13 +91,8 @@ def test_peer_parity(name, checkpoint, cache):
     out = run(batch)
     assert tuple(out.shape) == tuple(ref.shape)
     err = parity_error(out, ref, batch.attention_mask)
-    tol = (
-        INT8_PARITY_TOL
-        if name.endswith("-int8")
-        else PARITY_TOL[torch.bfloat16]
-        if name.endswith("-bf16")
-        else PARITY_TOL[FP32]
-    )
+    suffix_tol = {"-int8": INT8_PARITY_TOL, "-bf16": PARITY_TOL[torch.bfloat16]}
+    tol = next((t for sfx, t in suffix_tol.items() if name.endswith(sfx)), PARITY_TOL[FP32])
     assert prov.parity_tol(FP32) == tol
     assert err <= tol, f"{name}: max |out - transformers| on real tokens {err:.2e} > {tol}"
     # Real tokens of a row do not depend on the other rows' lengths (the padding mask

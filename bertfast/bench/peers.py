@@ -317,13 +317,6 @@ class OpenVinoProvider(Provider):
             self.precision = "bfloat16"
         self.cache_dir = cache_dir
 
-    def parity_tol(self, dtype):
-        if not self.bf16:
-            return super().parity_tol(dtype)
-        from .parity import PARITY_TOL
-
-        return PARITY_TOL.get(torch.bfloat16, 5e-2)
-
     def unavailable(self, device, dtype):
         try:
             import openvino  # noqa: F401
