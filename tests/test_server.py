@@ -44,6 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bertfast import cli
 from bertfast.embedder import Embedder
 from bertfast.serving import batcher as batching
+from bertfast.serving import protocol
 from bertfast.serving.app import Settings, address, bind, create_app, make_server
 from bertfast.serving.protocol import Limits
 
@@ -466,6 +467,77 @@ def test_shutdown_finishes_requests_in_flight(server_embedder, reference):
         np.testing.assert_allclose(
             replies[1].json(), reference.encode(["queued", "two"], normalize=True), atol=ATOL
         )
+
+
+# ---------------------------------------------------------------- answer bodies
+def _vectors_of(route: str, body: bytes) -> np.ndarray:
+    value = json.loads(body)  # the standard library's parser, not the writer's
+    rows = value if route == protocol.TEI else [d["embedding"] for d in value["data"]]
+    return np.array(rows, dtype=np.float64)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson", "json"])
+@pytest.mark.parametrize("route", [protocol.TEI, protocol.OPENAI])
+def test_answers_carry_the_exact_float32_values(route, fast, monkeypatch):
+    if fast:
+        pytest.importorskip("orjson")
+    else:
+        monkeypatch.setattr(protocol, "_orjson", None)
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((3, 40)).astype(np.float32)
+    vectors[0, :4] = [1e-38, -3.4e38, 1e-45, 0.1]  # tiny, huge, subnormal, inexact
+    key = "inputs" if route == protocol.TEI else "input"
+    request = protocol.parse_embed(
+        route, json.dumps({key: ["a", "b", "c"]}).encode(), Limits(), dim=40, auto_truncate=False
+    )
+    body = protocol.embed_response(request, vectors, 7, "m")
+    got = _vectors_of(route, body)
+    # each number reads back as the float32 it was, bit for bit
+    assert np.array_equal(got.astype(np.float32), vectors)
+    if fast:  # the shortest text for a float32: it need not equal the float64 widening
+        assert body.count(b"0.1,") + body.count(b"0.1]") >= 1
+
+
+@pytest.mark.parametrize("route", [protocol.TEI, protocol.OPENAI])
+def test_non_finite_vector_is_a_500_naming_its_input(route):
+    vectors = np.ones((3, 4), dtype=np.float32)
+    vectors[1, 2] = np.nan
+    key = "inputs" if route == protocol.TEI else "input"
+    request = protocol.parse_embed(
+        route, json.dumps({key: ["a", "b", "c"]}).encode(), Limits(), dim=4, auto_truncate=False
+    )
+    with pytest.raises(protocol.RequestError) as info:
+        protocol.embed_response(request, vectors, 3, "m")
+    assert info.value.status == 500 and f"'{key}[1]'" in info.value.message
+    assert "NaN" in info.value.message
+    if route == protocol.OPENAI:  # base64 carries the values as they are
+        request.encoding_format = "base64"
+        body = json.loads(protocol.embed_response(request, vectors, 3, "m"))
+        got = np.frombuffer(base64.b64decode(body["data"][1]["embedding"]), dtype="<f4")
+        assert np.isnan(got[2]) and np.array_equal(got[[0, 1, 3]], vectors[1, [0, 1, 3]])
+
+
+def test_server_answers_without_orjson_and_refuses_non_finite(server_embedder, reference, monkeypatch):
+    """Both answer paths of the app (rendered on the event loop with orjson, in a worker
+    thread without it) over HTTP, and a model that yields NaN gets a 500, not a body
+    with NaN in it (which is not JSON)."""
+    texts = ["the cat sat on the mat", "a quick brown fox jumped"]
+    expect = reference.encode(texts, normalize=True)
+    with running(server_embedder) as handle:
+        for fast in (True, False):
+            if not fast:
+                monkeypatch.setattr(protocol, "_orjson", None)
+            reply = call(handle.base, "/v1/embeddings", {"input": texts})
+            assert reply.status == 200
+            np.testing.assert_allclose(_vectors_of(protocol.OPENAI, reply.body), expect, atol=ATOL)
+        batcher = handle.app.batcher
+        real = batcher.run
+        batcher.run = lambda items, flags: np.full((len(items), reference.dim), np.nan, np.float32)
+        try:
+            reply = call(handle.base, "/embed", {"inputs": texts})
+        finally:
+            batcher.run = real
+        assert reply.status == 500 and "'inputs[0]'" in reply.message
 
 
 # ---------------------------------------------------------------- the batcher alone
