@@ -517,7 +517,9 @@ def test_non_finite_vector_is_a_500_naming_its_input(route):
         assert np.isnan(got[2]) and np.array_equal(got[[0, 1, 3]], vectors[1, [0, 1, 3]])
 
 
-def test_server_answers_without_orjson_and_refuses_non_finite(server_embedder, reference, monkeypatch):
+def test_server_answers_without_orjson_and_refuses_non_finite(
+    server_embedder, reference, monkeypatch
+):
     """Both answer paths of the app (rendered on the event loop with orjson, in a worker
     thread without it) over HTTP, and a model that yields NaN gets a 500, not a body
     with NaN in it (which is not JSON)."""

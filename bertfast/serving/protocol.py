@@ -395,7 +395,7 @@ def _check_finite(request: EmbedRequest, vectors: np.ndarray) -> None:
     if not finite.all():
         index = int(np.argmin(finite))
         name = "inputs" if request.route == TEI else "input"
-        hint = " (encoding_format \"base64\" carries them)" if request.route == OPENAI else ""
+        hint = ' (encoding_format "base64" carries them)' if request.route == OPENAI else ""
         raise RequestError(
             500,
             f"the model's vector for '{name}[{index}]' holds NaN or infinity, which JSON "
