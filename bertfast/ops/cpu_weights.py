@@ -206,12 +206,12 @@ def layer_panels(weights, rows: int) -> list[Tensor] | None:
 #: 25.4 / 25.6; BERT-base 1 row 11.0 / 14.4, 16 rows 13.5 / 17.6, 64 rows 50.0 /
 #: 52.9, 128 rows 102.6 / 104.9, 256 rows 204 / 199). The C++ limit is
 #: ``kFewRowsMax`` there; above it the row-block kernel runs. On a CPU without AVX-512
-#: the C++ GEMM's few-rows kernel stops at 32 rows (``kFewRowsMaxAvx2``), and from 33
-#: rows oneDNN is ahead of its row-block kernel (AMD EPYC Zen 3, AVX2, 2 threads, MiniLM:
-#: oneDNN / C++ 0.78-0.86 at 33, 64 and 128 rows; forwards 1x64, 1x128, 4x32 9-15 %
-#: faster with 32 here than with 128: benchmarks/results/cpu-amd-epyc-avx2-2t/notes.md),
-#: so there the limit is 32.
-SMALL_ROWS = 128 if _avx512() else 32
+#: the C++ GEMM's few-rows kernel (6 x 16 register tiles) stops at 64 rows
+#: (``kFewRowsMaxAvx2``): above, oneDNN is level with it and ahead of the row-block
+#: kernel (AMD EPYC Zen 3, AVX2, 2 threads, MiniLM, oneDNN / C++: 1.29 at 32 rows, 1.07
+#: at 64, 0.97 at 96, row-block 0.70 at 256;
+#: benchmarks/results/cpu-amd-epyc-avx2-2t/few-rows-6x16.md), so there the limit is 64.
+SMALL_ROWS = 128 if _avx512() else 64
 
 
 def onednn_rows(rows: int) -> int:

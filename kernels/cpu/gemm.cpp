@@ -15,8 +15,8 @@
 //   AVX-512 (x86-64-v4): MR = 8, NR = 32 (16 zmm accumulators)
 //   AVX2/FMA (baseline): MR = 4, NR = 16 (8 ymm accumulators)
 // and, at few rows, a kernel that streams each weight panel once (gemm_tile_few_rows:
-// AVX-512 up to 128 rows; AVX2, with the MR = 4 x 16 tile over each 16-column slice of a
-// panel, up to 32 rows).
+// AVX-512 up to 128 rows; AVX2, with a 6 x 16 register tile over each 16-column slice
+// of a panel, up to 64 rows).
 // (allow_avx512 = false forces the baseline, for tests.)
 // Threads: OpenMP static split over (block of MB rows, NR-column panel) tiles,
 // ordered row-block major for weights up to 8 MiB (see gemm_packed).
@@ -146,13 +146,16 @@ BF_INLINE void gemm_tile(const float* BF_RESTRICT x, const float* BF_RESTRICT pa
 // 102.6 / 104.9, 256 rows 203.6 / 198.7.
 constexpr int64_t kFewRows = 64;
 constexpr int64_t kFewRowsMax = 128;
-// AVX2 takes its few-rows kernel (gemm_tile_few_rows_sliced) up to 32 rows only: above,
-// the totals of every row (rows x 64 floats) and the chunk no longer share L1 and the
-// row-block kernel is faster. Measured on AMD EPYC Zen 3, AVX2, 2 threads,
-// benchmarks/experiments/few_rows_stream.py --model minilm, ms for a forward's GEMMs,
-// sliced / row-block kernel: 1 row 2.30 / 8.94, 4 rows 2.19 / 4.92, 16 rows 5.20 /
-// 7.45, 32 rows 9.13 / 10.9, 64 rows 17.2 / 14.2, 128 rows 35.7 / 28.6.
-constexpr int64_t kFewRowsMaxAvx2 = 32;
+// AVX2 takes its few-rows kernel (gemm_tile_few_rows_sliced) up to 64 rows: above, the
+// totals of every row (rows x 64 floats) and the chunk no longer share L1, and oneDNN
+// is level or ahead. Measured on AMD EPYC Zen 3, AVX2, 2 threads,
+// benchmarks/experiments/few_rows_stream.py --model minilm, oneDNN / this kernel for a
+// forward's GEMMs (one run; benchmarks/results/cpu-amd-epyc-avx2-2t/few-rows-6x16.md):
+// 1 row 1.55, 16 rows 1.42, 32 rows 1.29, 48 rows 1.27, 64 rows 1.07, 96 and 128 rows
+// 0.97-0.98. With the earlier 4 x 16 tile and a prefetch loop in every k step the
+// kernel ran at 37 % of the FMA ceiling with the weights in cache, and oneDNN was
+// ahead from 24 rows on (0.81 at 24, 0.78 at 32).
+constexpr int64_t kFewRowsMaxAvx2 = 64;
 
 template <typename V, int VL, int MR, int NV, int ACT>
 BF_INLINE void gemm_tile_few_rows(const float* BF_RESTRICT x, const float* BF_RESTRICT packed,
@@ -204,12 +207,18 @@ BF_INLINE void add_chunk_rows(float* BF_RESTRICT total, int64_t stride, const V 
 }
 
 // gemm_tile_few_rows for a register tile narrower than the panel (AVX2: 16 ymm
-// registers hold MR = 4 rows x 16 columns of sums, not a 64-wide panel's row): the
+// registers hold MR = 6 rows x 16 columns of sums, not a 64-wide panel's row): the
 // same chunk-outer order, each KC-deep chunk of the panel read from L3 / memory once
-// (with the next chunk prefetched, spread over the chunk's iterations) and then from
-// L1 by every group of MR rows x every TW-column slice of the panel. Sums are formed
-// as in gemm_tile (per chunk in registers, chunks added in order): the same results as
-// the row-block kernel with the same MR x TW tile. PW: a multiple of TW, at most 64.
+// and then from L1 by every group of MR rows x every TW-column slice of the panel.
+// Sums are formed as in gemm_tile (per chunk in registers, chunks added in order): the
+// same results as the row-block kernel, whatever the two kernels' MR. PW: a multiple of
+// TW, at most 64.
+//
+// The next chunk is prefetched one cache line per k step of the chunk's first passes
+// (a chunk row is PW / 16 lines, and there are at least PW / TW passes: the slices of
+// the first group), so the requests go out at the pace of the arithmetic; the other
+// passes run the bare loop (no per-step bookkeeping: at 16 rows this kernel ran at
+// 37 % of the FMA ceiling with it).
 template <typename V, int VL, int MR, int NV, int ACT>
 BF_INLINE void gemm_tile_few_rows_sliced(const float* BF_RESTRICT x,
                                          const float* BF_RESTRICT packed,
@@ -217,21 +226,21 @@ BF_INLINE void gemm_tile_few_rows_sliced(const float* BF_RESTRICT x,
                                          int64_t M, int64_t N, int64_t K, int64_t PW, int64_t p) {
   constexpr int TW = VL * NV;
   constexpr int64_t kMaxPW = 64;
+  static_assert(TW == 16, "one prefetched line per k step needs a 16-float slice");
   const int64_t n0 = p * PW;
   const float* BF_RESTRICT bp = packed + p * K * PW;
   const int64_t ncols = N - n0 < PW ? N - n0 : PW;
   const int64_t groups = (M + MR - 1) / MR;
   const int64_t slices = PW / TW;
-  const int64_t steps = groups * slices;                              // passes over a chunk
-  const int64_t chunk_lines = KC * PW * int64_t(sizeof(float)) / 64;  // lines per chunk
-  const int64_t per_iter = (chunk_lines / KC + steps - 1) / steps;    // prefetched per k
+  const int64_t prefetch_passes = PW / 16;  // lines per chunk row; <= slices <= passes
   alignas(64) float total[kFewRows + MR][kMaxPW];
   for (int64_t g = 0; g < groups * MR; ++g)
     for (int64_t j = 0; j < PW; ++j) total[g][j] = 0.0f;
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t k1 = k0 + KC < K ? k0 + KC : K;
-    // the next chunk's address (a hint: never faults, even past the buffer's end)
-    const uintptr_t next = reinterpret_cast<uintptr_t>(bp + k0 * PW) + KC * PW * sizeof(float);
+    // the next chunk (the next panel's first after the last: [N / PW][K][PW] is
+    // contiguous); a hint, which never faults, even past the buffer's end
+    const char* next = reinterpret_cast<const char*>(bp + k1 * PW);
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t i0 = g * MR;
       const float* a[MR];
@@ -242,12 +251,14 @@ BF_INLINE void gemm_tile_few_rows_sliced(const float* BF_RESTRICT x,
           for (int v = 0; v < NV; ++v) acc[r][v] = V{};
         const float* BF_RESTRICT b = bp + k0 * PW + s * TW;
         const int64_t step = g * slices + s;
-        for (int64_t k = k0; k < k1; ++k, b += PW) {
-          const int64_t line = (step * KC + (k - k0)) * per_iter;
-          for (int64_t l = line; l < line + per_iter && l < chunk_lines; ++l)
-            __builtin_prefetch(reinterpret_cast<const void*>(next + l * 64), /*rw=*/0,
-                               /*locality=*/2);
-          fma_step<V, VL, MR, NV>(acc, a, k, b);
+        if (step < prefetch_passes) {
+          const char* line = next + step * KC * 64;
+          for (int64_t k = k0; k < k1; ++k, b += PW, line += 64) {
+            __builtin_prefetch(line, /*rw=*/0, /*locality=*/2);
+            fma_step<V, VL, MR, NV>(acc, a, k, b);
+          }
+        } else {
+          for (int64_t k = k0; k < k1; ++k, b += PW) fma_step<V, VL, MR, NV>(acc, a, k, b);
         }
         add_chunk_rows<V, VL, MR, NV>(&total[i0][s * TW], kMaxPW, acc);
       }
@@ -256,13 +267,14 @@ BF_INLINE void gemm_tile_few_rows_sliced(const float* BF_RESTRICT x,
   store_rows<ACT>(&total[0][0], kMaxPW, bias, out, M, N, n0, ncols);
 }
 
-// The AVX2 few-rows tile: the row-block kernel's MR = 4 x 16-column register tile
-// (tile_avx2) over each 16-column slice of the panel, so its sums equal that kernel's.
+// The AVX2 few-rows tile: a 6 x 16 register tile (12 of the 16 ymm registers hold
+// sums) over each 16-column slice of the panel. Each sum is formed as in the row-block
+// kernel (tile_avx2, 4 x 16), the same FMAs in the same order, so the results are equal.
 template <int ACT>
 __attribute__((noinline)) void tile_few_rows_avx2(const float* x, const float* packed,
                                                   const float* bias, float* out, int64_t M,
                                                   int64_t N, int64_t K, int64_t PW, int64_t p) {
-  gemm_tile_few_rows_sliced<v8f, 8, 4, 2, ACT>(x, packed, bias, out, M, N, K, PW, p);
+  gemm_tile_few_rows_sliced<v8f, 8, 6, 2, ACT>(x, packed, bias, out, M, N, K, PW, p);
 }
 
 template <int ACT>

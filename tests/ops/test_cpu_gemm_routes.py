@@ -501,8 +501,8 @@ def _hand_panels(w, pw):
 @pytest.mark.parametrize("act", [None, "gelu_tanh"])
 def test_few_row_kernel_every_panel_width_and_isa(allow_avx512, pw, act):
     """Every ISA's few-rows kernel (AVX-512: whole 32/64-wide panels up to 128 rows;
-    AVX2: 4 x 16 register tiles over each 16-column slice of a 16/32/64-wide panel, up
-    to 32 rows) against the
+    AVX2: 6 x 16 register tiles over each 16-column slice of a 16/32/64-wide panel, up
+    to 64 rows) against the
     row-block kernel of a 129-row call, bit for bit, and float64 within the rule; a
     width it does not take (128) runs the row-block kernel. Panels built by hand, so
     each width is reached whatever layout oneDNN picks on this CPU."""
