@@ -720,3 +720,34 @@ def test_cli_serves_and_stops_on_sigterm_under_load(micro, reference, tmp_path):
             json.loads(body), reference.encode(inputs, normalize=True), atol=ATOL
         )
     assert list(tmp.iterdir()) == []  # no temporary file left
+
+
+def test_cli_model_runs_on_the_default_threads(micro, tmp_path):
+    """Without ``--threads`` the model thread gets torch's default thread count, not the
+    one thread the CLI loads the model with (bertfast/cli/serve.py): ``/info`` reports
+    the default a fresh interpreter in the same environment has."""
+    env = dict(os.environ, BERTFAST_API_KEY="")
+    default = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    argv = [sys.executable, "-m", "bertfast", "serve", "--model", str(micro), "--port", "0"]
+    proc = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("bertfast serve: "), (line, proc.stderr.read()[-2000:])
+        base = line.split(" on ", 1)[1].split()[0]
+        assert call(base, "/info").json()["threads"] == int(default)
+        assert call(base, "/embed", {"inputs": ["hello world"]}).status == 200
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]

@@ -305,10 +305,15 @@ def _run_embedded(args, path) -> int:
     from ..serving.protocol import model_name
     from ._common import load_embedder
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = args.threads or torch.get_num_threads()
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    # The model loads on this thread with one OpenMP thread and runs on the server's
+    # model thread with `threads`: a thread that ran a parallel region keeps a pool of
+    # OpenMP workers for good, and with two pools' threads on a machine's CPUs libgomp
+    # stops spin-waiting between parallel regions (every region of a forward then
+    # wakes its workers from sleep). benchmarks/results/cpu-amd-epyc-avx2-2t/notes.md
+    torch.set_num_threads(1)
     embedder = load_embedder(path, args)
     settings = server_app.Settings(
         model_name=args.model_name or model_name(path),
@@ -320,7 +325,7 @@ def _run_embedded(args, path) -> int:
         max_queue=args.max_queue,
         request_timeout_s=args.request_timeout_s,
         api_key=args.api_key,
-        threads=args.threads,
+        threads=threads,
     )
 
     def ready(base: str) -> None:
