@@ -647,6 +647,33 @@ def test_serve_help_groups_options(capsys):
     assert "--node-ip-address" in text and "listen on all interfaces" in text
 
 
+@contextlib.contextmanager
+def cli_server(micro, cwd, env, *options):
+    """``python -m bertfast serve`` on the micro checkpoint and a free port: yields the
+    process and the address it printed; killed if still running at the end, and by a
+    watchdog if a start or stop takes over 120 s."""
+    argv = [sys.executable, "-m", "bertfast", "serve", "--model", str(micro), "--port", "0"]
+    proc = subprocess.Popen(
+        [*argv, *options],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("bertfast serve: "), (line, proc.stderr.read()[-2000:])
+        yield proc, line.split(" on ", 1)[1].split()[0]
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -662,17 +689,8 @@ def test_cli_serves_and_stops_on_sigterm_under_load(micro, reference, tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = dict(os.environ, TMPDIR=str(tmp), BERTFAST_API_KEY="")
-    argv = [sys.executable, "-m", "bertfast", "serve", "--model", str(micro), "--port", "0"]
-    argv += ["--batch-wait-ms", "10", "--threads", "1"]
-    proc = subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    watchdog = threading.Timer(120, proc.kill)  # a start or stop that never ends fails
-    watchdog.start()
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("bertfast serve: "), (line, proc.stderr.read()[-2000:])
-        base = line.split(" on ", 1)[1].split()[0]
+    options = ("--batch-wait-ms", "10", "--threads", "1")
+    with cli_server(micro, tmp_path, env, *options) as (proc, base):
         assert base.startswith("http://127.0.0.1:")
         assert call(base, "/health").status == 200
         assert _children(proc.pid) == []
@@ -704,11 +722,6 @@ def test_cli_serves_and_stops_on_sigterm_under_load(micro, reference, tmp_path):
         stop.set()
         for t in threads:
             t.join(60)
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, err[-3000:]
     assert "bertfast serve: stopping" in err and "bertfast serve: stopped" in err
     statuses = {r[0] for r in results}
@@ -731,23 +744,9 @@ def test_cli_model_runs_on_the_default_threads(micro, tmp_path):
         [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
         env=env, capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    argv = [sys.executable, "-m", "bertfast", "serve", "--model", str(micro), "--port", "0"]
-    proc = subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    watchdog = threading.Timer(120, proc.kill)
-    watchdog.start()
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("bertfast serve: "), (line, proc.stderr.read()[-2000:])
-        base = line.split(" on ", 1)[1].split()[0]
+    with cli_server(micro, tmp_path, env) as (proc, base):
         assert call(base, "/info").json()["threads"] == int(default)
         assert call(base, "/embed", {"inputs": ["hello world"]}).status == 200
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=90)
-    finally:
-        watchdog.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, err[-3000:]
