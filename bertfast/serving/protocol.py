@@ -346,8 +346,16 @@ def model_failed(exc: BaseException) -> RequestError:
 
 # ---------------------------------------------------------------- answers
 def json_bytes(value: Any) -> bytes:
-    """Compact JSON as UTF-8 (NaN refused: it is not JSON)."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    """Compact JSON as UTF-8 (NaN refused: it is not JSON); numpy arrays as lists."""
+    return json.dumps(
+        value, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_as_list
+    ).encode()
+
+
+def _as_list(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def embed_response(request: EmbedRequest, vectors: np.ndarray, tokens: int, model: str) -> bytes:
@@ -408,17 +416,7 @@ def _vectors_json(value: Any) -> bytes:
     """Compact JSON of ``value``, numpy arrays included (see :func:`embed_response`)."""
     if _orjson is not None:
         return _orjson.dumps(value, option=_orjson.OPT_SERIALIZE_NUMPY)
-
-    def plain(v: Any) -> Any:
-        if isinstance(v, np.ndarray):
-            return v.tolist()
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [plain(x) for x in v]
-        return v
-
-    return json_bytes(plain(value))
+    return json_bytes(value)
 
 
 def error_response(path: str, exc: RequestError) -> tuple[int, bytes, dict[str, str]]:
