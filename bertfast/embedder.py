@@ -133,6 +133,46 @@ def pool(
     return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
 
 
+#: The pooling modes :func:`pool_packed` computes on packed tokens; the others run
+#: on the padded layout (:func:`pool`).
+PACKED_POOLING = ("cls", "mean", "mean_sqrt_len", "lasttoken")
+
+
+def pool_packed(hidden: torch.Tensor, info, modes: str | Sequence[str] = "mean") -> torch.Tensor:
+    """:func:`pool` of packed tokens: ``hidden [T, H]`` holds sequences back to back,
+    ``info`` is their ``PackInfo`` (every sequence at least one token long, as
+    ``BertfastModel.encode_packed`` has them); modes from :data:`PACKED_POOLING`.
+    Returns fp32 ``[B, H * len(modes)]``, the values :func:`pool` gives on the padded
+    layout (the same real rows summed in the same order, to float rounding)."""
+    if isinstance(modes, str):
+        modes = (modes,)
+    hidden = hidden.float()
+    cu = info.cu_seqlens
+    B = info.batch
+    lengths = None
+    out = []
+    for mode in modes:
+        if mode == "cls":
+            out.append(hidden[cu[:-1].long()])
+        elif mode == "lasttoken":
+            out.append(hidden[cu[1:].long() - 1])
+        elif mode in ("mean", "mean_sqrt_len"):
+            if B == 1:
+                summed = hidden.sum(dim=0, keepdim=True)
+            else:
+                if lengths is None:
+                    lengths = cu.diff()
+                rows = torch.arange(B, device=hidden.device).repeat_interleave(
+                    lengths, output_size=hidden.shape[0]
+                )
+                summed = hidden.new_zeros(B, hidden.shape[1]).index_add_(0, rows, hidden)
+            denom = (cu[1:] - cu[:-1]).to(hidden.dtype).unsqueeze(1)
+            out.append(summed / (denom if mode == "mean" else denom.sqrt()))
+        else:
+            raise ValueError(f"pool_packed has no {mode!r} pooling; use pool()")
+    return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+
+
 # ---------------------------------------------------------------- sentence-transformers config
 @dataclass
 class SentenceConfig:
@@ -500,6 +540,40 @@ class Embedder:
             hidden = self._last_hidden(batch["input_ids"], batch["attention_mask"], types)
             return pool(hidden, batch["attention_mask"], self.pooling)
 
+    def embed_tokenized(self, items: Sequence[tuple[Sequence[int], Sequence[int]]]) -> torch.Tensor:
+        """Pooled fp32 vectors ``[B, dim]`` (no normalisation) of tokenised texts
+        (``(ids, type_ids)`` pairs, as :meth:`bertfast.tokenizer.Tokenizer.tokenize`
+        gives them). A bertfast model on the CPU runs them back to back, never padded
+        (``BertfastModel.encode_packed``, :func:`pool_packed`); otherwise they are
+        collated and run through :meth:`embed_batch`. The two give the same vectors (to
+        float rounding)."""
+        if not self._packs(items):
+            return self.embed_batch(self.tokenizer.collate(items))
+        model = self.model
+        lengths = [len(ids) for ids, _ in items]
+        ids = torch.tensor([i for row, _ in items for i in row], dtype=torch.int64)
+        types = None
+        if getattr(model.config, "type_vocab_size", 1):
+            types = torch.tensor([t for _, row in items for t in row], dtype=torch.int64)
+        with torch.inference_mode():
+            hidden, info = model.encode_packed(ids, lengths, types)
+            return pool_packed(hidden, info, self.pooling)
+
+    def _packs(self, items) -> bool:
+        """Whether :meth:`embed_tokenized` runs ``items`` packed: a plain bertfast model
+        on the CPU (a CUDA model replays graphs of padded batches), poolings that
+        :func:`pool_packed` has, and no empty text."""
+        from .model import BertfastModel
+
+        model = self.model
+        return (
+            isinstance(model, BertfastModel)
+            and type(model).forward is BertfastModel.forward
+            and model.device.type == "cpu"
+            and all(mode in PACKED_POOLING for mode in self.pooling)
+            and all(len(ids) for ids, _ in items)
+        )
+
     def _last_hidden(self, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
         """``[B, S, H]`` last hidden state. A bertfast model runs its encoder only
         (``encode``): pooling needs no pooler output or head."""
@@ -612,8 +686,7 @@ class Embedder:
             bar = contextlib.nullcontext()
         with bar:
             for index in batches:
-                batch = self.tokenizer.collate([items[i] for i in index])
-                vectors = self.embed_batch(batch)
+                vectors = self.embed_tokenized([items[i] for i in index])
                 if normalize:
                     vectors = F.normalize(vectors, p=2.0, dim=-1)
                 if len(batches) == 1 and index == list(range(len(items))):

@@ -40,6 +40,8 @@ zero. Poolers and first-token heads read each row's first *real* token.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import operator
 import os
 import re
 
@@ -102,6 +104,22 @@ _TABLES = re.compile(r"^embeddings\.(word|position|token_type)$")
 #: The weights ``quantize="int8"`` quantizes: the encoder layers' linear layers
 #: (see bertfast/ops/quant.py for why the projection, pooler and heads stay fp32).
 _QUANTIZED = re.compile(r"^layers\.\d+\.(qkv|attn_out|ffn_in|ffn_out)\.weight$")
+
+
+def _token_counts(lengths) -> list[int]:
+    """``encode_packed``'s ``lengths`` as a list of ints, each at least 1."""
+    wrong = "lengths must be a sequence of integers, each at least 1"
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
+        raise TypeError(f"{wrong}, not {type(lengths).__name__}")
+    out = []
+    for n in lengths:
+        if isinstance(n, bool) or not hasattr(type(n), "__index__"):
+            raise TypeError(f"{wrong}; got {n!r}")
+        n = operator.index(n)
+        if n < 1:
+            raise ValueError(f"{wrong}; got {n}")
+        out.append(n)
+    return out
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:
@@ -636,12 +654,100 @@ class BertfastModel(nn.Module):
 
     def _encode_prepared(self, input_ids, mask, types, pos, counts, output_hidden_states):
         """``encode`` after ``_prepare_counted``: the eager padding-free encoder."""
-        cfg = self.config
         info = self._pack_info(mask, counts)
         ids_p = self._pack(input_ids, info)
         pos_p = self._pack(pos, info)
         types_p = self._pack(types, info) if types is not None else None
-        runner = self._runner() if counts is not None and type(input_ids) is torch.Tensor else None
+        eager = counts is not None and type(input_ids) is torch.Tensor
+        return self._encode_rows(ids_p, pos_p, types_p, info, eager, output_hidden_states)
+
+    def encode_packed(self, input_ids, lengths, token_type_ids=None):
+        """Run the encoder on sequences laid back to back, with no padding at all:
+        ``input_ids`` ``[T]`` (the sequences' ids, one after the other), ``lengths``
+        their token counts (Python ints, each at least 1, summing to ``T``: known on
+        the host, so nothing is read back to count them), ``token_type_ids`` ``[T]``
+        or None (zeros). Positions are each sequence's own, as in :meth:`encode`
+        (``0 .. n - 1``; RoBERTa's counted from the padding id). Returns ``(last
+        hidden [T, H], PackInfo)``.
+
+        The same rows, kernels and order as :meth:`encode` of the sequences
+        right-padded into ``[B, max(lengths)]``, so the same values, bit for bit,
+        without the padded tensors, the mask's packing and the gathers. Inputs are
+        checked as in ``forward`` (one device read for the value checks). Runs
+        eagerly: CUDA graphs replay :meth:`encode`'s padded batches only."""
+        cfg = self.config
+        self._check_ids("input_ids", input_ids, None)
+        if input_ids.dim() != 1:
+            raise ValueError(
+                f"input_ids must be [total_tokens], got shape {tuple(input_ids.shape)}"
+            )
+        lengths = _token_counts(lengths)
+        T, B = input_ids.shape[0], len(lengths)
+        if B == 0 or sum(lengths) != T:
+            raise ValueError(
+                f"lengths sum to {sum(lengths)} but input_ids holds {T} tokens"
+                if B
+                else "empty batch: no sequence in lengths"
+            )
+        if token_type_ids is not None:
+            self._check_ids("token_type_ids", token_type_ids, (T,))
+        S = max(lengths)
+        if cfg.position_scheme != "roberta":
+            self._check_values((("position_ids", "top", S, ""),), [S - 1])
+        device = input_ids.device
+        cu = torch.tensor(
+            list(itertools.accumulate(lengths, initial=0)), dtype=torch.int32, device=device
+        )
+        ids = input_ids if input_ids.dtype == torch.int64 else input_ids.long()
+        types = token_type_ids
+        if types is not None and types.dtype != torch.int64:
+            types = types.long()
+
+        # The value checks of ``_prepare_counted``, on the packed tensors.
+        checks = self._value_checks(types is not None, False, S)
+        scalars = [*torch.aminmax(ids)]
+        if types is not None:
+            if cfg.has_token_types:
+                scalars += [*torch.aminmax(types)]
+            else:
+                scalars.append((types != 0).any())
+                types = None
+        if cfg.has_token_types and types is None:
+            types = torch.zeros(T, dtype=torch.long, device=device)
+        # Each token's sequence start (more than one sequence).
+        counts = None if B == 1 else torch.tensor(lengths, device=device)
+        starts = None if B == 1 else cu[:-1].long().repeat_interleave(counts, output_size=T)
+        if cfg.position_scheme == "roberta":
+            real = ids.ne(cfg.pad_token_id).long()
+            counted = torch.cumsum(real, 0)
+            if starts is not None:  # restart the count at each sequence
+                counted = counted - torch.cat([counted.new_zeros(1), counted])[starts]
+            pos = counted * real + cfg.pad_token_id
+            scalars.append(pos.max())
+        else:
+            pos = torch.arange(T, device=device)
+            if starts is not None:
+                pos = pos - starts
+        values = torch.stack(
+            [t if t.dtype == torch.int64 else t.to(torch.int64) for t in scalars]
+        ).tolist()
+        self._check_values(checks, values)
+
+        flat = torch.arange(T, device=device)
+        dense = min(lengths) == S
+        if not dense:  # where each row sits in the padded [B, S] layout
+            rows = (torch.arange(B, device=device) * S).repeat_interleave(counts, output_size=T)
+            flat = flat + rows - starts
+        info = ops.PackInfo(flat, cu, S, B, S, dense=dense)
+        eager = type(input_ids) is torch.Tensor and not torch.compiler.is_compiling()
+        h, info, _ = self._encode_rows(ids, pos, types, info, eager, False)
+        return h, info
+
+    def _encode_rows(self, ids_p, pos_p, types_p, info, eager, output_hidden_states):
+        """The encoder on packed ids, positions and token types (``info``: their
+        ``PackInfo``); ``eager``: the backend's encoder runner may take it."""
+        cfg = self.config
+        runner = self._runner() if eager else None
         h = runner.embed(ids_p, pos_p, types_p) if runner else self._embed(ids_p, pos_p, types_p)
         states = [h] if output_hidden_states else None
         if runner is not None:

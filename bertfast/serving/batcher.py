@@ -2,8 +2,8 @@
 
 - :func:`embed_items`: the model step both servers share. Tokenised texts are sorted
   longest first, cut into forwards of at most ``batch_size`` texts and ``max_tokens``
-  padded tokens (:func:`bertfast.embedder.token_budget_batches`), collated and run
-  through :meth:`bertfast.Embedder.embed_batch` (the model runs them padding-free),
+  padded tokens (:func:`bertfast.embedder.token_budget_batches`) and run through
+  :meth:`bertfast.Embedder.embed_tokenized` (the model runs them padding-free),
   normalised per text where asked. These are the pieces :meth:`bertfast.Embedder.encode`
   runs, in the same order, so a text's vector equals ``encode([text])``'s (to float
   rounding: a forward's other rows change the GEMMs' blocking, not the maths).
@@ -65,7 +65,7 @@ def embed_items(
     for index in token_budget_batches(
         [len(items[i][0]) for i in order], order, batch_size, max_tokens
     ):
-        vectors = embedder.embed_batch(embedder.tokenizer.collate([items[i] for i in index]))
+        vectors = embedder.embed_tokenized([items[i] for i in index])
         wanted = flags[index].to(vectors.device)
         if bool(wanted.any()):
             unit = F.normalize(vectors, p=2.0, dim=-1)
