@@ -207,74 +207,139 @@ BF_INLINE void add_chunk_rows(float* BF_RESTRICT total, int64_t stride, const V 
 }
 
 // gemm_tile_few_rows for a register tile narrower than the panel (AVX2: 16 ymm
-// registers hold MR = 6 rows x 16 columns of sums, not a 64-wide panel's row): the
+// registers hold at most 6 rows x 16 columns of sums, not a 64-wide panel's row): the
 // same chunk-outer order, each KC-deep chunk of the panel read from L3 / memory once
-// and then from L1 by every group of MR rows x every TW-column slice of the panel.
-// Sums are formed as in gemm_tile (per chunk in registers, chunks added in order): the
-// same results as the row-block kernel, whatever the two kernels' MR. PW: a multiple of
-// TW, at most 64.
+// and then from L1 by every group of rows x every TW-column slice of the panel. Sums
+// are formed as in gemm_tile (per chunk in registers, chunks added in order): the same
+// results as the row-block kernel, whatever the groups' heights. PW: a multiple of TW,
+// at most 64.
+//
+// Row groups (few_rows_groups): 6 rows where they fill, else 4 or 5. A k step of a
+// g-row group costs max(g, 4) cycles of FMAs: 2 FMAs a cycle, and each of the 2g sums
+// waits 4 cycles for its last FMA. So 8 rows run as 4 + 4 (8 cycles a step), not as
+// 6 + 6 with 4 rows computed and dropped (12), and 1 to 3 rows as one 4-row group.
+// Measured against 6-row groups only (AMD EPYC Zen 3, 2 threads, a MiniLM forward's 24
+// GEMMs, the two alternating in one process; benchmarks/results/cpu-amd-epyc-avx2-2t/
+// few-rows-groups.md): one layer's weights in cache, 1-4 rows 1.35-1.38x, 7-9 rows
+// 1.19-1.26x, 13-14 rows 1.08-1.12x, 10, 12, 16 and 20 rows level; six layers' weights
+// streaming from memory, level at every row count (memory is the limit there).
 //
 // The next chunk is prefetched one cache line per k step of the chunk's first passes
 // (a chunk row is PW / 16 lines, and there are at least PW / TW passes: the slices of
 // the first group), so the requests go out at the pace of the arithmetic; the other
 // passes run the bare loop (no per-step bookkeeping: at 16 rows this kernel ran at
 // 37 % of the FMA ceiling with it).
-template <typename V, int VL, int MR, int NV, int ACT>
+constexpr int64_t kFewMaxPW = 64;
+
+// One group of MR rows (from row i0; rows past M repeat row M - 1 and are dropped) over
+// every slice of one chunk [k0, k1) of the panel; `step` numbers the passes from the
+// chunk's first (a pass below prefetch_passes prefetches one line of the next chunk a
+// step).
+template <typename V, int VL, int MR, int NV>
+BF_INLINE void few_rows_group(const float* BF_RESTRICT x, int64_t M, int64_t K, int64_t i0,
+                              const float* BF_RESTRICT chunk, int64_t PW, int64_t k0, int64_t k1,
+                              const char* next, int64_t step, int64_t prefetch_passes,
+                              float (*total)[kFewMaxPW]) {
+  constexpr int TW = VL * NV;
+  const float* a[MR];
+  for (int r = 0; r < MR; ++r) a[r] = x + (i0 + r < M ? i0 + r : M - 1) * K;
+  for (int64_t s = 0; s < PW / TW; ++s, ++step) {
+    V acc[MR][NV];
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+    const float* BF_RESTRICT b = chunk + s * TW;
+    if (step < prefetch_passes) {
+      const char* line = next + step * KC * 64;
+      for (int64_t k = k0; k < k1; ++k, b += PW, line += 64) {
+        __builtin_prefetch(line, /*rw=*/0, /*locality=*/2);
+        fma_step<V, VL, MR, NV>(acc, a, k, b);
+      }
+    } else {
+      for (int64_t k = k0; k < k1; ++k, b += PW) fma_step<V, VL, MR, NV>(acc, a, k, b);
+    }
+    add_chunk_rows<V, VL, MR, NV>(&total[i0][s * TW], kFewMaxPW, acc);
+  }
+}
+
+// The heights of the row groups of M rows (at most kFewRows): 6s, then the rest as one
+// group of 4 or 5, or, where it is 1 to 3 rows, the last 6 and it as two groups of 4
+// or 5 (7 -> 4 + 4 with 3 rows in the second, 8 -> 4 + 4, 9 -> 5 + 4). Returns the
+// count; heights[i] is 4, 5 or 6 (a group may hold fewer real rows than its height
+// only when M < 4 or M = 7).
+inline int few_rows_groups(int64_t M, int (&heights)[kFewRows / 4 + 1]) {
+  int n = 0;
+  if (M <= 6) {
+    heights[n++] = M <= 4 ? 4 : static_cast<int>(M);
+    return n;
+  }
+  int64_t sixes = M / 6, rest = M % 6;
+  if (rest >= 1 && rest <= 3) {
+    --sixes;
+    rest += 6;  // 7 to 9 rows: two groups
+  }
+  for (int64_t i = 0; i < sixes; ++i) heights[n++] = 6;
+  if (rest >= 7) {
+    heights[n++] = static_cast<int>(rest - 4 > 4 ? rest - 4 : 4);
+    heights[n++] = 4;
+  } else if (rest) {
+    heights[n++] = static_cast<int>(rest);
+  }
+  return n;
+}
+
+template <typename V, int VL, int NV, int ACT>
 BF_INLINE void gemm_tile_few_rows_sliced(const float* BF_RESTRICT x,
                                          const float* BF_RESTRICT packed,
                                          const float* BF_RESTRICT bias, float* BF_RESTRICT out,
                                          int64_t M, int64_t N, int64_t K, int64_t PW, int64_t p) {
   constexpr int TW = VL * NV;
-  constexpr int64_t kMaxPW = 64;
   static_assert(TW == 16, "one prefetched line per k step needs a 16-float slice");
   const int64_t n0 = p * PW;
   const float* BF_RESTRICT bp = packed + p * K * PW;
   const int64_t ncols = N - n0 < PW ? N - n0 : PW;
-  const int64_t groups = (M + MR - 1) / MR;
   const int64_t slices = PW / TW;
   const int64_t prefetch_passes = PW / 16;  // lines per chunk row; <= slices <= passes
-  alignas(64) float total[kFewRows + MR][kMaxPW];
-  for (int64_t g = 0; g < groups * MR; ++g)
-    for (int64_t j = 0; j < PW; ++j) total[g][j] = 0.0f;
+  int heights[kFewRows / 4 + 1];
+  const int groups = few_rows_groups(M, heights);
+  int64_t rows = 0;  // M, and the rows a group computes past it
+  for (int g = 0; g < groups; ++g) rows += heights[g];
+  alignas(64) float total[kFewRows + 6][kFewMaxPW];
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < PW; ++j) total[r][j] = 0.0f;
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t k1 = k0 + KC < K ? k0 + KC : K;
     // the next chunk (the next panel's first after the last: [N / PW][K][PW] is
     // contiguous); a hint, which never faults, even past the buffer's end
     const char* next = reinterpret_cast<const char*>(bp + k1 * PW);
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t i0 = g * MR;
-      const float* a[MR];
-      for (int r = 0; r < MR; ++r) a[r] = x + (i0 + r < M ? i0 + r : M - 1) * K;
-      for (int64_t s = 0; s < slices; ++s) {
-        V acc[MR][NV];
-        for (int r = 0; r < MR; ++r)
-          for (int v = 0; v < NV; ++v) acc[r][v] = V{};
-        const float* BF_RESTRICT b = bp + k0 * PW + s * TW;
-        const int64_t step = g * slices + s;
-        if (step < prefetch_passes) {
-          const char* line = next + step * KC * 64;
-          for (int64_t k = k0; k < k1; ++k, b += PW, line += 64) {
-            __builtin_prefetch(line, /*rw=*/0, /*locality=*/2);
-            fma_step<V, VL, MR, NV>(acc, a, k, b);
-          }
-        } else {
-          for (int64_t k = k0; k < k1; ++k, b += PW) fma_step<V, VL, MR, NV>(acc, a, k, b);
-        }
-        add_chunk_rows<V, VL, MR, NV>(&total[i0][s * TW], kMaxPW, acc);
+    const float* BF_RESTRICT chunk = bp + k0 * PW;
+    int64_t i0 = 0;
+    for (int g = 0; g < groups; ++g) {
+      const int64_t step = g * slices;
+      if (heights[g] == 6) {
+        few_rows_group<V, VL, 6, NV>(x, M, K, i0, chunk, PW, k0, k1, next, step,
+                                     prefetch_passes, total);
+      } else if (heights[g] == 5) {
+        few_rows_group<V, VL, 5, NV>(x, M, K, i0, chunk, PW, k0, k1, next, step,
+                                     prefetch_passes, total);
+      } else {
+        few_rows_group<V, VL, 4, NV>(x, M, K, i0, chunk, PW, k0, k1, next, step,
+                                     prefetch_passes, total);
       }
+      i0 += heights[g];
     }
   }
-  store_rows<ACT>(&total[0][0], kMaxPW, bias, out, M, N, n0, ncols);
+  store_rows<ACT>(&total[0][0], kFewMaxPW, bias, out, M, N, n0, ncols);
 }
 
-// The AVX2 few-rows tile: a 6 x 16 register tile (12 of the 16 ymm registers hold
-// sums) over each 16-column slice of the panel. Each sum is formed as in the row-block
-// kernel (tile_avx2, 4 x 16), the same FMAs in the same order, so the results are equal.
+// The AVX2 few-rows tile: register tiles of 4 to 6 rows x 16 columns (8 to 12 of the 16
+// ymm registers hold sums) over each 16-column slice of the panel. Each sum is formed
+// as in the row-block kernel (tile_avx2, 4 x 16), the same FMAs in the same order, so
+// the results are equal.
 template <int ACT>
 __attribute__((noinline)) void tile_few_rows_avx2(const float* x, const float* packed,
                                                   const float* bias, float* out, int64_t M,
                                                   int64_t N, int64_t K, int64_t PW, int64_t p) {
-  gemm_tile_few_rows_sliced<v8f, 8, 6, 2, ACT>(x, packed, bias, out, M, N, K, PW, p);
+  gemm_tile_few_rows_sliced<v8f, 8, 2, ACT>(x, packed, bias, out, M, N, K, PW, p);
 }
 
 template <int ACT>
