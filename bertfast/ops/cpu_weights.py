@@ -234,7 +234,14 @@ def onednn_rows(rows: int) -> int:
 
 #: Most rows (as a fraction of the real ones) an encoder adds to its token rows so
 #: that its fp32 GEMMs run on oneDNN at a size of ``onednn_rows`` (see ``layer_rows``).
-LAYER_PAD_FRACTION = 0.10
+#: Without AVX-512, 0.25: always (``onednn_rows`` adds less than a quarter). The C++
+#: GEMM's row-block kernel runs there at about 0.7x oneDNN, so oneDNN is faster even
+#: on 24% more rows. Measured on AMD EPYC Zen 3, AVX2, 2 threads, all-MiniLM-L6-v2:
+#: `Embedder.embed_tokenized` of 120 random batches of 65-300 tokens, both settings
+#: alternating per batch. On the 40 batches whose padding is above 10% (70-280
+#: tokens), 2620 ms -> 1916 ms (1.37x); all 120, 1.11x
+#: (benchmarks/results/cpu-amd-epyc-avx2-2t/notes.md).
+LAYER_PAD_FRACTION = 0.10 if _avx512() else 0.25
 
 
 def layer_rows(rows: int, weights) -> int:
