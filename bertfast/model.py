@@ -122,6 +122,14 @@ def _token_counts(lengths) -> list[int]:
     return out
 
 
+def _read_scalars(scalars) -> list[int]:
+    """Device scalars (value checks, packing counts) read back to the host in one
+    transfer, as int64."""
+    return torch.stack(
+        [t if t.dtype == torch.int64 else t.to(torch.int64) for t in scalars]
+    ).tolist()
+
+
 def _same_device(a: torch.device, b: torch.device) -> bool:
     if a.type != b.type:
         return False
@@ -473,6 +481,25 @@ class BertfastModel(nn.Module):
                     f"(at most {cfg.max_seq_len} tokens for {cfg.model_type})"
                 )
 
+    def _id_scalars(self, input_ids, token_type_ids, shape):
+        """The device scalars of the id and token-type value checks (in the order of
+        ``_value_checks``), and the token types to embed: zeros of ``shape`` where the
+        family has token types and none were given, None where it has none. Each
+        aminmax is unpacked into the list: torch 2.11's dynamo cannot add its result
+        tuple to a list (``list += aminmax``), which broke ``torch.compile(model,
+        fullgraph=True)``."""
+        cfg = self.config
+        scalars = [*torch.aminmax(input_ids)]
+        if token_type_ids is not None:
+            if cfg.has_token_types:
+                scalars += [*torch.aminmax(token_type_ids)]
+            else:
+                scalars.append((token_type_ids != 0).any())
+                token_type_ids = None
+        if cfg.has_token_types and token_type_ids is None:
+            token_type_ids = torch.zeros(shape, dtype=torch.long, device=input_ids.device)
+        return scalars, token_type_ids
+
     def _prepare_counted(self, input_ids, attention_mask, token_type_ids, position_ids):
         """Validate the inputs and fill in the defaults; returns ``(mask, token types or
         None, positions, counts)``.
@@ -498,18 +525,8 @@ class BertfastModel(nn.Module):
         if full:
             attention_mask = torch.ones(B, S, dtype=torch.int32, device=device)
 
-        # Device scalars of the value checks, in the order of ``checks``. Each aminmax
-        # is unpacked into a list: torch 2.11's dynamo cannot add its result tuple to a
-        # list (``list += aminmax``), which broke ``torch.compile(model, fullgraph=True)``.
-        scalars = [*torch.aminmax(input_ids)]
-        if token_type_ids is not None:
-            if cfg.has_token_types:
-                scalars += [*torch.aminmax(token_type_ids)]
-            else:
-                scalars.append((token_type_ids != 0).any())
-                token_type_ids = None
-        if cfg.has_token_types and token_type_ids is None:
-            token_type_ids = torch.zeros(B, S, dtype=torch.long, device=device)
+        # Device scalars of the value checks, in the order of ``checks``.
+        scalars, token_type_ids = self._id_scalars(input_ids, token_type_ids, (B, S))
         if position_ids is not None:
             scalars += [*torch.aminmax(position_ids)]
         elif cfg.position_scheme == "roberta":
@@ -526,10 +543,7 @@ class BertfastModel(nn.Module):
         else:
             keep, lengths = ops.padding.mask_lengths(attention_mask)
             scalars += [lengths.sum(), lengths.max()]
-        # The one device -> host read of the forward pass.
-        values = torch.stack(
-            [t if t.dtype == torch.int64 else t.to(torch.int64) for t in scalars]
-        ).tolist()
+        values = _read_scalars(scalars)  # the one device -> host read of the forward
         self._check_values(checks, values)
         total, longest = (B * S, S) if full else values[-2:]
         return attention_mask, token_type_ids, position_ids, (keep, lengths, total, longest)
@@ -705,15 +719,7 @@ class BertfastModel(nn.Module):
 
         # The value checks of ``_prepare_counted``, on the packed tensors.
         checks = self._value_checks(types is not None, False, S)
-        scalars = [*torch.aminmax(ids)]
-        if types is not None:
-            if cfg.has_token_types:
-                scalars += [*torch.aminmax(types)]
-            else:
-                scalars.append((types != 0).any())
-                types = None
-        if cfg.has_token_types and types is None:
-            types = torch.zeros(T, dtype=torch.long, device=device)
+        scalars, types = self._id_scalars(ids, types, (T,))
         # Each token's sequence start (more than one sequence).
         counts = None if B == 1 else torch.tensor(lengths, device=device)
         starts = None if B == 1 else cu[:-1].long().repeat_interleave(counts, output_size=T)
@@ -728,10 +734,7 @@ class BertfastModel(nn.Module):
             pos = torch.arange(T, device=device)
             if starts is not None:
                 pos = pos - starts
-        values = torch.stack(
-            [t if t.dtype == torch.int64 else t.to(torch.int64) for t in scalars]
-        ).tolist()
-        self._check_values(checks, values)
+        self._check_values(checks, _read_scalars(scalars))
 
         flat = torch.arange(T, device=device)
         dense = min(lengths) == S
