@@ -149,7 +149,6 @@ def pool_packed(hidden: torch.Tensor, info, modes: str | Sequence[str] = "mean")
     hidden = hidden.float()
     cu = info.cu_seqlens
     B = info.batch
-    lengths = None
     out = []
     for mode in modes:
         if mode == "cls":
@@ -157,16 +156,15 @@ def pool_packed(hidden: torch.Tensor, info, modes: str | Sequence[str] = "mean")
         elif mode == "lasttoken":
             out.append(hidden[cu[1:].long() - 1])
         elif mode in ("mean", "mean_sqrt_len"):
+            lengths = cu.diff()
             if B == 1:
                 summed = hidden.sum(dim=0, keepdim=True)
-            else:
-                if lengths is None:
-                    lengths = cu.diff()
+            else:  # each row's sum, its tokens added in order
                 rows = torch.arange(B, device=hidden.device).repeat_interleave(
                     lengths, output_size=hidden.shape[0]
                 )
                 summed = hidden.new_zeros(B, hidden.shape[1]).index_add_(0, rows, hidden)
-            denom = (cu[1:] - cu[:-1]).to(hidden.dtype).unsqueeze(1)
+            denom = lengths.to(hidden.dtype).unsqueeze(1)
             out.append(summed / (denom if mode == "mean" else denom.sqrt()))
         else:
             raise ValueError(f"pool_packed has no {mode!r} pooling; use pool()")
@@ -562,7 +560,7 @@ class Embedder:
     def _packs(self, items) -> bool:
         """Whether :meth:`embed_tokenized` runs ``items`` packed: a plain bertfast model
         on the CPU (a CUDA model replays graphs of padded batches), poolings that
-        :func:`pool_packed` has, and no empty text."""
+        :func:`pool_packed` has, at least one text and no empty one."""
         from .model import BertfastModel
 
         model = self.model
@@ -571,6 +569,7 @@ class Embedder:
             and type(model).forward is BertfastModel.forward
             and model.device.type == "cpu"
             and all(mode in PACKED_POOLING for mode in self.pooling)
+            and len(items) > 0
             and all(len(ids) for ids, _ in items)
         )
 
