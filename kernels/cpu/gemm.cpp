@@ -316,14 +316,14 @@ BF_INLINE void gemm_tile_few_rows_sliced(const float* BF_RESTRICT x,
     for (int g = 0; g < groups; ++g) {
       const int64_t step = g * slices;
       if (heights[g] == 6) {
-        few_rows_group<V, VL, 6, NV>(x, M, K, i0, chunk, PW, k0, k1, next, step,
-                                     prefetch_passes, total);
+        few_rows_group<V, VL, 6, NV>(x, M, K, i0, chunk, PW, k0, k1, next, step, prefetch_passes,
+                                     total);
       } else if (heights[g] == 5) {
-        few_rows_group<V, VL, 5, NV>(x, M, K, i0, chunk, PW, k0, k1, next, step,
-                                     prefetch_passes, total);
+        few_rows_group<V, VL, 5, NV>(x, M, K, i0, chunk, PW, k0, k1, next, step, prefetch_passes,
+                                     total);
       } else {
-        few_rows_group<V, VL, 4, NV>(x, M, K, i0, chunk, PW, k0, k1, next, step,
-                                     prefetch_passes, total);
+        few_rows_group<V, VL, 4, NV>(x, M, K, i0, chunk, PW, k0, k1, next, step, prefetch_passes,
+                                     total);
       }
       i0 += heights[g];
     }
