@@ -287,6 +287,7 @@ class BertfastModel(nn.Module):
         (``.data[...] =``, ``copy_`` under ``no_grad``, NumPy views,
         ``load_state_dict``), then call :meth:`refresh` for the packed speed; an
         unpacked model computes with its weights as they are at every call."""
+        self.__dict__.pop("_runner_cache", None)  # its operands hold the packed weights
         seen = {}
         for name, p in list(self._packable()):
             if ops.is_packed_weight(p):
@@ -301,6 +302,7 @@ class BertfastModel(nn.Module):
         :meth:`unpack_weights`) and drops captured CUDA graphs, which hold the
         addresses of the tensors they were captured with (needed after a
         parameter was replaced, e.g. ``p.data = other``)."""
+        self.__dict__.pop("_runner_cache", None)
         if self._owns_weights:
             self._pack_weights()
         if self._graphs is not None:
@@ -751,6 +753,10 @@ class BertfastModel(nn.Module):
         ``PackInfo``); ``eager``: the backend's encoder runner may take it."""
         cfg = self.config
         runner = self._runner() if eager else None
+        if runner is not None and not output_hidden_states:
+            h = runner.forward(ids_p, pos_p, types_p, info, self._attention_dtype)
+            if h is not None:  # the embeddings and every layer in one native call
+                return h, info, None
         h = runner.embed(ids_p, pos_p, types_p) if runner else self._embed(ids_p, pos_p, types_p)
         states = [h] if output_hidden_states else None
         if runner is not None:

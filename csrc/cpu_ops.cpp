@@ -348,6 +348,124 @@ Tensor encoder_layer_int8(
   });
 }
 
+// ------------------------------------------------------------- the encoder in one call
+// The steps of encoder_forward / encoder_forward_int8 before the layers: the embedding
+// sum + LayerNorm of the packed tokens, then (ALBERT, ELECTRA) the projection to the
+// hidden size on the C++ GEMM (`project`: its panels; None: no projection).
+Tensor embed_project(Op& op, const Tensor& input_ids, const Tensor& position_ids,
+                     const OptTensor& token_type_ids, const Tensor& word, const Tensor& pos,
+                     const OptTensor& types, const Tensor& emb_ln_weight, const Tensor& emb_ln_bias,
+                     const OptTensor& project, const OptTensor& project_bias, int64_t hidden,
+                     double eps, bool allow_avx512) {
+  if (hidden < 0) op.value_error("hidden must be >= 0, got " + std::to_string(hidden));
+  op.dims(input_ids, "input_ids", 1);  // packed tokens: [T]
+  const Tensor e = step(op, "embeddings", [&] {
+    return embed_layernorm(input_ids, position_ids, token_type_ids, word, pos, types, emb_ln_weight,
+                           emb_ln_bias, eps);
+  });
+  if (!project) {
+    if (project_bias) op.value_error("project_bias given without project");
+    if (e.size(1) != hidden)
+      op.value_error("the embeddings are " + std::to_string(e.size(1)) + " wide, hidden is " +
+                     std::to_string(hidden) + " (and no project given)");
+    return e;
+  }
+  return step(op, "embedding projection", [&] {
+    return linear_packed(e, *project, project_bias, hidden, std::nullopt, allow_avx512);
+  });
+}
+
+// The layer count of a composite given `per_layer` tensors a layer in `name`.
+template <typename T>
+int64_t layer_count(const Op& op, const std::vector<T>& list, const char* name, int64_t per_layer) {
+  if (list.size() % per_layer != 0)
+    op.value_error(std::string(name) + " must hold " + std::to_string(per_layer) +
+                   " tensors a layer, got " + std::to_string(list.size()));
+  return static_cast<int64_t>(list.size()) / per_layer;
+}
+
+void same_layers(const Op& op, int64_t layers, int64_t got, const char* name) {
+  if (got != layers)
+    op.value_error(std::string(name) + " holds " + std::to_string(got) + " layers, gemms " +
+                   std::to_string(layers));
+}
+
+std::string layer_name(int64_t i) { return "layer " + std::to_string(i); }
+
+// The embeddings and every encoder layer of a model in one call (the cpu backend's
+// encoder runner for rows every GEMM runs on the C++ GEMM: bertfast/ops/cpu_encoder.py):
+// embed_project, then encoder_layer per layer in the order given (ALBERT's shared layer
+// given once per use). `gemms`: 4 panels a layer (QKV, attention output, FFN in, FFN
+// out), `biases`: their biases, `norms`: 4 a layer (attention LayerNorm weight, bias,
+// FFN LayerNorm weight, bias). Each step is the entry point above with its checks, in
+// the runner's op-by-op order, so the result equals it bit for bit; an error names the
+// layer and the step.
+Tensor encoder_forward(const Tensor& input_ids, const Tensor& position_ids,
+                       const OptTensor& token_type_ids, const Tensor& word, const Tensor& pos,
+                       const OptTensor& types, const Tensor& emb_ln_weight,
+                       const Tensor& emb_ln_bias, const OptTensor& project,
+                       const OptTensor& project_bias, int64_t hidden, const Tensor& cu_seqlens,
+                       int64_t max_seqlen, int64_t num_heads, double scale,
+                       const std::vector<Tensor>& gemms, const std::vector<OptTensor>& biases,
+                       const std::vector<Tensor>& norms, int64_t intermediate,
+                       const std::optional<std::string>& activation, double eps,
+                       bool allow_avx512) {
+  Op op = cpu_op("encoder_forward");
+  const int64_t layers = layer_count(op, gemms, "gemms", 4);
+  same_layers(op, layers, layer_count(op, biases, "biases", 4), "biases");
+  same_layers(op, layers, layer_count(op, norms, "norms", 4), "norms");
+  Tensor h =
+      embed_project(op, input_ids, position_ids, token_type_ids, word, pos, types, emb_ln_weight,
+                    emb_ln_bias, project, project_bias, hidden, eps, allow_avx512);
+  for (int64_t i = 0; i < layers; ++i) {
+    const size_t g = 4 * i;
+    const std::string name = layer_name(i);
+    h = step(op, name.c_str(), [&] {
+      return encoder_layer(h, cu_seqlens, max_seqlen, num_heads, scale, gemms[g], biases[g],
+                           gemms[g + 1], biases[g + 1], norms[g], norms[g + 1], gemms[g + 2],
+                           biases[g + 2], intermediate, activation, gemms[g + 3], biases[g + 3],
+                           norms[g + 2], norms[g + 3], eps, allow_avx512);
+    });
+  }
+  return h;
+}
+
+// encoder_forward for a model loaded with quantize="int8": encoder_layer_int8 per
+// layer. `gemms`: 12 tensors a layer (packed, colsum, w_scale of QKV, attention
+// output, FFN in, FFN out), `splits`: each layer's 4-bit split mask; the embedding
+// projection stays fp32 (its panels).
+Tensor encoder_forward_int8(const Tensor& input_ids, const Tensor& position_ids,
+                            const OptTensor& token_type_ids, const Tensor& word, const Tensor& pos,
+                            const OptTensor& types, const Tensor& emb_ln_weight,
+                            const Tensor& emb_ln_bias, const OptTensor& project,
+                            const OptTensor& project_bias, int64_t hidden, const Tensor& cu_seqlens,
+                            int64_t max_seqlen, int64_t num_heads, double scale,
+                            const std::vector<Tensor>& gemms, const std::vector<OptTensor>& biases,
+                            const std::vector<Tensor>& norms, const std::vector<int64_t>& splits,
+                            const std::optional<std::string>& activation, double eps) {
+  Op op = cpu_op("encoder_forward_int8");
+  const int64_t layers = layer_count(op, gemms, "gemms", 12);
+  same_layers(op, layers, layer_count(op, biases, "biases", 4), "biases");
+  same_layers(op, layers, layer_count(op, norms, "norms", 4), "norms");
+  same_layers(op, layers, static_cast<int64_t>(splits.size()), "splits");
+  Tensor h = embed_project(op, input_ids, position_ids, token_type_ids, word, pos, types,
+                           emb_ln_weight, emb_ln_bias, project, project_bias, hidden, eps,
+                           /*allow_avx512=*/true);
+  for (int64_t i = 0; i < layers; ++i) {
+    const size_t g = 12 * i, b = 4 * i;
+    const std::string name = layer_name(i);
+    h = step(op, name.c_str(), [&] {
+      return encoder_layer_int8(h, cu_seqlens, max_seqlen, num_heads, scale, gemms[g], gemms[g + 1],
+                                gemms[g + 2], biases[b], gemms[g + 3], gemms[g + 4], gemms[g + 5],
+                                biases[b + 1], norms[b], norms[b + 1], gemms[g + 6], gemms[g + 7],
+                                gemms[g + 8], biases[b + 2], activation, gemms[g + 9],
+                                gemms[g + 10], gemms[g + 11], biases[b + 3], norms[b + 2],
+                                norms[b + 3], eps, splits[i]);
+    });
+  }
+  return h;
+}
+
 }  // namespace
 }  // namespace bertfast
 
@@ -405,6 +523,21 @@ STABLE_TORCH_LIBRARY(bertfast_cpu, m) {
       "Tensor ffn_in_scale, Tensor? ffn_in_bias, str? activation, Tensor ffn_out, "
       "Tensor ffn_out_colsum, Tensor ffn_out_scale, Tensor? ffn_out_bias, "
       "Tensor ffn_ln_weight, Tensor ffn_ln_bias, float eps, int split) -> Tensor");
+  // The embeddings (embed_layernorm, then the projection's panels when given) and
+  // every encoder layer (encoder_layer; gemms, biases, norms: 4 a layer) in one call.
+  m.def(
+      "encoder_forward(Tensor input_ids, Tensor position_ids, Tensor? token_type_ids, "
+      "Tensor word, Tensor pos, Tensor? types, Tensor emb_ln_weight, Tensor emb_ln_bias, "
+      "Tensor? project, Tensor? project_bias, int hidden, Tensor cu_seqlens, int max_seqlen, "
+      "int num_heads, float scale, Tensor[] gemms, Tensor?[] biases, Tensor[] norms, "
+      "int intermediate, str? activation, float eps, bool allow_avx512=True) -> Tensor");
+  // encoder_forward with encoder_layer_int8 layers (gemms: 12 a layer, splits: 1).
+  m.def(
+      "encoder_forward_int8(Tensor input_ids, Tensor position_ids, Tensor? token_type_ids, "
+      "Tensor word, Tensor pos, Tensor? types, Tensor emb_ln_weight, Tensor emb_ln_bias, "
+      "Tensor? project, Tensor? project_bias, int hidden, Tensor cu_seqlens, int max_seqlen, "
+      "int num_heads, float scale, Tensor[] gemms, Tensor?[] biases, Tensor[] norms, "
+      "int[] splits, str? activation, float eps) -> Tensor");
 }
 
 // CompositeExplicitAutograd: every device reaches the entry point, whose own check
@@ -423,4 +556,6 @@ STABLE_TORCH_LIBRARY_IMPL(bertfast_cpu, CompositeExplicitAutograd, m) {
   m.impl("linear_packed", TORCH_BOX(&linear_packed));
   m.impl("encoder_layer", TORCH_BOX(&encoder_layer));
   m.impl("encoder_layer_int8", TORCH_BOX(&encoder_layer_int8));
+  m.impl("encoder_forward", TORCH_BOX(&encoder_forward));
+  m.impl("encoder_forward_int8", TORCH_BOX(&encoder_forward_int8));
 }

@@ -49,18 +49,26 @@ def zoo(tmp_path_factory):
 
 
 class Spy:
-    """Counts the runner's encoder runs (``CpuEncoder.layers``, as "runner") and
-    calls of the public op entry points."""
+    """Counts the runner's encoder runs (as "runner": ``CpuEncoder.forward`` that ran
+    the encoder in one native call, or ``CpuEncoder.layers``) and calls of the
+    public op entry points."""
 
     def __init__(self, monkeypatch):
         self.calls: dict[str, int] = {}
-        real_direct = CpuEncoder.layers
+        real_direct, real_forward = CpuEncoder.layers, CpuEncoder.forward
 
         def direct(runner, *a, **k):
             self._count("runner")
             return real_direct(runner, *a, **k)
 
+        def forward(runner, *a, **k):
+            out = real_forward(runner, *a, **k)
+            if out is not None:
+                self._count("runner")
+            return out
+
         monkeypatch.setattr(CpuEncoder, "layers", direct)
+        monkeypatch.setattr(CpuEncoder, "forward", forward)
         for name in _ENCODER_OPS + ("linear", "pack_tokens", "unpack_tokens"):
             real = getattr(ops, name)
 

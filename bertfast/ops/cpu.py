@@ -142,6 +142,32 @@ def encoder_layer(h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, 
     )  # fmt: skip
 
 
+#: Whether a model's few-rows forward runs its embeddings and every layer as one
+#: native call (``encoder_forward``); False: one call per layer (``encoder_layer``),
+#: the same kernels, the same result (for A/B runs).
+FUSED_FORWARD = True
+
+
+def encoder_forward(ids, pos, types, embedding, cu_seqlens, max_seqlen, num_heads, scale, layers):
+    """The embeddings and every encoder layer of packed tokens in one native call
+    (``_C.cpu.encoder_forward``, or ``encoder_forward_int8`` for int8 weights): the
+    kernels of ``embed_layernorm`` (+ the projection) and of :func:`encoder_layer` per
+    layer, in the same order, so the same result bit for bit. ``ids``, ``pos``,
+    ``types``: packed int64 ids (``types`` None where the model has no token-type
+    table); ``embedding`` and ``layers``: the operands the cpu encoder runner made
+    for them (``cpu_encoder.ForwardOperands``)."""
+    cu, n, sc = cu_seqlens.contiguous(), int(max_seqlen), float(scale)
+    if layers.splits is not None:
+        return _kernels.encoder_forward_int8(
+            ids, pos, types, *embedding, cu, n, int(num_heads), sc, layers.gemms,
+            layers.biases, layers.norms, layers.splits, layers.act, layers.eps,
+        )  # fmt: skip
+    return _kernels.encoder_forward(
+        ids, pos, types, *embedding, cu, n, int(num_heads), sc, layers.gemms, layers.biases,
+        layers.norms, layers.intermediate, layers.act, layers.eps, True,
+    )  # fmt: skip
+
+
 # ---------------------------------------------------------------- attention
 def attention(qkv, attention_mask, num_heads, scale):
     return _kernels.attention(

@@ -10,6 +10,8 @@ and dtype, and ``dispatch.select`` gives each op the cpu backend's own function.
 
 - ``embed(ids, pos, types)``: embedding sum + LayerNorm (+ the ALBERT/ELECTRA
   projection);
+- ``forward(ids, pos, types, info, attention_dtype)``: both in one native call
+  (``cpu.encoder_forward``) where every layer would be one (below), else None;
 - ``layers(h, info, states, attention_dtype)``: every layer by
   ``config.layer_schedule()``; one native call per layer where every GEMM runs on the
   C++ GEMM (``cpu.encoder_layer``), else op by op in row blocks
@@ -25,6 +27,7 @@ torch_dispatch mode: those must see the registered ops).
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 import torch
@@ -33,9 +36,32 @@ from torch import nn
 from . import cpu as _cpu
 from . import cpu_weights as _cpu_weights
 from . import dispatch as _dispatch
+from .native import contig as _c
+
+try:  # int8 weights (absent in builds without the helper module)
+    from . import quant as _quant
+except ImportError:
+    _quant = None
 
 #: An encoder layer's linear layers, in order.
 GEMMS = ("qkv", "attn_out", "ffn_in", "ffn_out")
+#: Its LayerNorms, in order.
+NORMS = ("attn_ln", "ffn_ln")
+
+
+class LayerOperands(NamedTuple):
+    """Every layer's operands for ``cpu.encoder_forward``, in schedule order: ``gemms``
+    (fp32: 4 panels a layer; int8: packed, column sums, scales of each, 12 a layer),
+    their ``biases`` (4 a layer), ``norms`` (4 a layer), ``splits`` (int8: each
+    layer's split mask; None for fp32), the FFN width, activation and LayerNorm eps."""
+
+    gemms: list
+    biases: list
+    norms: list
+    splits: list | None
+    intermediate: int
+    act: str
+    eps: float
 
 
 class Plan(NamedTuple):
@@ -130,6 +156,82 @@ class CpuEncoder:
         self.config = config
         self._embeddings = embeddings
         self._layers = layers
+        # (the tensors held when made, their operands for encoder_forward at up to
+        # SMALL_ROWS rows): see _forward_operands
+        self._forward_cache = None
+
+    def _held(self):
+        """The tensors the model holds now, in the order ``encoder_forward`` takes
+        them: the embedding tables, LayerNorm and projection, then per scheduled
+        layer its four GEMM weights and biases and its two LayerNorms."""
+        mods, params = self._embeddings._modules, self._embeddings._parameters
+        ln = mods["ln"]._parameters
+        held = [params["word"], params["position"], params.get("token_type")]
+        held += (ln["weight"], ln["bias"])
+        if self.config.has_projection:
+            project = mods["project"]._parameters
+            held += (project["weight"], project["bias"])
+        layers = self._layers._modules
+        for idx in self.config.layer_schedule():
+            L = layers[str(idx)]._modules
+            for name in GEMMS:
+                p = L[name]._parameters
+                held += (p["weight"], p["bias"])
+            for name in NORMS:
+                p = L[name]._parameters
+                held += (p["weight"], p["bias"])
+        return held
+
+    def _forward_operands(self, tokens: int, seqlen):
+        """``(embedding operands, LayerOperands)`` for ``encoder_forward`` on
+        ``tokens`` packed tokens, or None where some layer would not run as one native
+        call (``layers``' conditions: no padding rows, one row block, every GEMM on
+        the C++ GEMM or int8). Made from what the model holds at this call; kept for
+        the next call at up to ``SMALL_ROWS`` rows while the model holds the same
+        tensor objects (a parameter replaced, or weights unpacked and packed again,
+        makes them afresh)."""
+        cfg = self.config
+        held = self._held()
+        e = 7 if cfg.has_projection else 5  # embedding tensors
+        if len(held) == e:
+            return None  # no layer
+        word = held[0]
+        weights = held[e : e + 8 : 2]
+        rows, attn_blocks, blocks = _cpu_weights.layer_blocks(
+            tokens, weights, word.element_size(), seqlen
+        )
+        if rows != tokens or len(attn_blocks) != 1 or len(blocks) != 1:
+            return None
+        small = tokens <= _cpu_weights.SMALL_ROWS
+        cache = self._forward_cache
+        if (
+            small
+            and cache is not None
+            and len(cache[0]) == len(held)
+            and all(map(operator.is_, cache[0], held))
+        ):
+            return cache[1]
+        operands = _make_forward_operands(cfg, held, e, tokens)
+        self._forward_cache = (held, operands) if small and operands is not None else None
+        return operands
+
+    def forward(self, ids, pos, types, info, attention_dtype=None):
+        """The embeddings and every encoder layer of packed tokens in one native call
+        (``cpu.encoder_forward``): the same kernels in the same order as :meth:`embed`
+        then :meth:`layers`, so the same result bit for bit. None where a layer would
+        not run as one call (see :meth:`_forward_operands`), attention runs in
+        another dtype, or ``cpu.FUSED_FORWARD`` / ``cpu.FUSED_LAYER`` is off."""
+        if attention_dtype is not None or not (_cpu.FUSED_FORWARD and _cpu.FUSED_LAYER):
+            return None
+        operands = self._forward_operands(ids.shape[0], info.seqlen if info.dense else None)
+        if operands is None:
+            return None
+        embedding, layers = operands
+        cfg = self.config
+        return _cpu.encoder_forward(
+            ids, pos, types if embedding[2] is not None else None, embedding,
+            info.cu_seqlens, info.max_seqlen, cfg.num_heads, cfg.head_dim**-0.5, layers,
+        )  # fmt: skip
 
     def embed(self, ids, pos, types):
         """Embedding sum + LayerNorm of packed tokens (+ the projection)."""
@@ -240,3 +342,52 @@ class CpuEncoder:
             if states is not None:
                 states.append(h[:tokens])
         return h[:tokens]
+
+
+def _make_forward_operands(cfg, held, e: int, tokens: int):
+    """``CpuEncoder._forward_operands``' operands from the tensors ``held`` (``e``
+    embedding tensors first), or None (a GEMM not on the C++ GEMM at ``tokens`` rows,
+    nor int8 in every layer)."""
+    word, position, types, ln_w, ln_b = held[:5]
+    project = project_bias = None
+    if e == 7:
+        w = held[5]
+        project = (
+            _cpu_weights.packed_for_call(w, tokens)
+            if isinstance(w, _cpu_weights.PackedWeight)
+            else None
+        )
+        if project is None or project.is_mkldnn:
+            return None
+        project_bias = _c(held[6])
+    embedding = (
+        _c(word), _c(position), _c(types), _c(ln_w), _c(ln_b), project, project_bias,
+        cfg.hidden_size,
+    )  # fmt: skip
+    gemms, biases, norms, splits = [], [], [], []
+    intermediate = None
+    for i in range(e, len(held), 12):
+        w, b, n = held[i : i + 8 : 2], held[i + 1 : i + 8 : 2], held[i + 8 : i + 12]
+        if intermediate is None:
+            intermediate = w[2].shape[0]
+        elif w[2].shape[0] != intermediate:
+            return None  # layers of different widths: a call per layer
+        q = _quant.gemm_operands(w, b) if _quant is not None else None
+        if q is not None:
+            gemms += q[0]
+            biases += q[1]
+            splits.append(q[2])
+        else:
+            panels = _cpu_weights.layer_panels(w, tokens)
+            if panels is None:
+                return None
+            gemms += panels
+            biases += map(_c, b)
+        norms += map(_c, n)
+    if splits and len(splits) * 12 != len(gemms):
+        return None  # int8 and fp32 layers mixed
+    layers = LayerOperands(
+        gemms, biases, norms, splits or None, intermediate, cfg.hidden_act,
+        float(cfg.layer_norm_eps),
+    )  # fmt: skip
+    return embedding, layers

@@ -257,24 +257,34 @@ def linear_parts(x, packed, colsum, scale, bias=None, act=None, split=False) -> 
     return _kernels.qlinear(x.contiguous(), packed, colsum, scale, b, act, None, bool(split))
 
 
+def gemm_operands(weights, biases):
+    """A layer's four int8 GEMMs as the native layer calls take them: ``(tensors,
+    biases, split)``, ``tensors`` each weight's packed panels, column sums and scales
+    (12, contiguous), ``biases`` fp32 (None kept), ``split`` the 4-bit mask of their
+    split flags; None where a weight is not a :class:`QuantizedWeight`."""
+    if not all(is_quantized(w) for w in weights):
+        return None
+    c = native.contig
+    tensors = [c(t) for w in weights for t in (w._packed, w._colsum, w._scale)]
+    fp32 = [None if b is None else c(b.detach().to(torch.float32)) for b in biases]
+    return tensors, fp32, sum(1 << g for g, w in enumerate(weights) if w._split)
+
+
 def encoder_layer(h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, ln, act, eps):
     """``cpu.encoder_layer`` for int8 weights: one encoder layer of packed tokens ``h``
     in one native call (``_C.cpu.encoder_layer_int8``: each linear layer is
     :func:`linear`'s kernel, attention in fp32), or None where a GEMM weight is not a
     :class:`QuantizedWeight`. The same kernels in the same order as the op-by-op
     layer, so the same result bit for bit (``tests/ops/test_cpu_encoder_layer.py``)."""
-    if not all(is_quantized(w) for w in weights):
+    operands = gemm_operands(weights, biases)
+    if operands is None:
         return None
-    split = sum(1 << g for g, w in enumerate(weights) if w._split)
-    qkv, proj, ffn_in, ffn_out = (
-        (w._packed, w._colsum, w._scale, None if b is None else b.detach().to(torch.float32))
-        for w, b in zip(weights, biases, strict=True)
-    )
+    t, b, split = operands
     c = native.contig
     return _kernels.encoder_layer_int8(
         h, cu_seqlens.contiguous(), int(max_seqlen), int(num_heads), float(scale),
-        *map(c, qkv), *map(c, proj), c(ln[0]), c(ln[1]), *map(c, ffn_in), act,
-        *map(c, ffn_out), c(ln[2]), c(ln[3]), float(eps), split,
+        *t[0:3], b[0], *t[3:6], b[1], c(ln[0]), c(ln[1]), *t[6:9], b[2], act,
+        *t[9:12], b[3], c(ln[2]), c(ln[3]), float(eps), split,
     )  # fmt: skip
 
 

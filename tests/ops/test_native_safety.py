@@ -740,12 +740,146 @@ def _layer_int8_cases():
     }
 
 
+_LAYER_KEYS = ("qkv", "proj", "ffn_in", "ffn_out")
+
+
+def _forward_args(project=False, int8=False, **over):
+    """encoder_forward's (``int8``: encoder_forward_int8's) arguments: 3 packed tokens
+    (sequences of 2 and 1), embeddings 8 wide (``project``: 6 wide, projected to 8),
+    two layers as ``_layer_args`` / ``_layer_int8_args`` make them."""
+    E = 6 if project else 8
+    args = dict(
+        input_ids=torch.tensor([1, 2, 3]), position_ids=torch.tensor([0, 1, 0]),
+        token_type_ids=torch.tensor([0, 1, 0]), word=torch.randn(10, E), pos=torch.randn(6, E),
+        types=torch.randn(2, E), emb_ln_w=torch.ones(E), emb_ln_b=torch.zeros(E),
+        project=cpu.linear_pack(torch.randn(8, E), True) if project else None,
+        project_b=torch.randn(8) if project else None, hidden=8,
+        cu=torch.tensor([0, 2, 3], dtype=torch.int32), max_len=2, heads=2, scale=0.5,
+    )  # fmt: skip
+    layers = [(_layer_int8_args if int8 else _layer_args)() for _ in range(2)]
+    parts = ("", "_c", "_s") if int8 else ("",)
+    args["gemms"] = [L[k + p] for L in layers for k in _LAYER_KEYS for p in parts]
+    args["biases"] = [L[k + "_b"] for L in layers for k in _LAYER_KEYS]
+    args["norms"] = [L[k] for L in layers for k in ("ln1_w", "ln1_b", "ln2_w", "ln2_b")]
+    if int8:
+        args.update(splits=[L["split"] for L in layers], act="gelu", eps=1e-12)
+    else:
+        args.update(inter=16, act="gelu", eps=1e-12, a=True)
+    args.update(over)
+    return args
+
+
+def _forward_cases():
+    """encoder_forward / encoder_forward_int8 (csrc/cpu_ops.cpp): their own checks,
+    then each step's, named by the layer and the step."""
+    out = {}
+    kinds = [("forward", cpu.encoder_forward, False)]
+    if hasattr(cpu, "encoder_forward_int8"):
+        kinds.append(("forward8", cpu.encoder_forward_int8, True))
+    for tag, fn, int8 in kinds:
+        per = 12 if int8 else 4
+
+        def F(int8=int8, **over):
+            return _forward_args(int8=int8, **over)
+
+        a = F()
+        bad_qkv = (
+            (_int8_weight(24, 9)[0],) if int8 else (cpu.linear_pack(torch.randn(24, 9), True),)
+        )
+        out |= {
+            f"{tag}/ids 2-d": (
+                fn,
+                F(input_ids=torch.tensor([[1, 2, 3]]), position_ids=torch.tensor([[0, 1, 0]])),
+                ValueError,
+                "input_ids must have 1 dimension",
+            ),
+            f"{tag}/embeddings": (
+                fn,
+                F(emb_ln_w=torch.ones(7)),
+                ValueError,
+                "embeddings (embed_layernorm)",
+            ),
+            f"{tag}/hidden without project": (
+                fn,
+                F(hidden=16),
+                ValueError,
+                "the embeddings are 8 wide, hidden is 16",
+            ),
+            f"{tag}/hidden negative": (fn, F(hidden=-1), ValueError, "hidden must be >= 0"),
+            f"{tag}/project_bias alone": (
+                fn,
+                F(project_b=torch.randn(8)),
+                ValueError,
+                "project_bias given without project",
+            ),
+            f"{tag}/project panels": (
+                fn,
+                F(
+                    project=True,
+                    word=torch.randn(10, 5),
+                    pos=torch.randn(6, 5),
+                    types=torch.randn(2, 5),
+                    emb_ln_w=torch.ones(5),
+                    emb_ln_b=torch.zeros(5),
+                ),
+                ValueError,
+                "embedding projection (linear_packed)",
+            ),  # fmt: skip
+            f"{tag}/gemms count": (
+                fn,
+                F(gemms=a["gemms"][:-1]),
+                ValueError,
+                f"gemms must hold {per} tensors a layer, got {2 * per - 1}",
+            ),
+            f"{tag}/biases count": (
+                fn,
+                F(biases=a["biases"][:4]),
+                ValueError,
+                "biases holds 1 layers, gemms 2",
+            ),
+            f"{tag}/norms count": (
+                fn,
+                F(norms=a["norms"] + a["norms"]),
+                ValueError,
+                "norms holds 4 layers, gemms 2",
+            ),
+            f"{tag}/layer 1 QKV": (
+                fn,
+                F(gemms=a["gemms"][:per] + list(bad_qkv) + a["gemms"][per + 1 :]),
+                ValueError,
+                "layer 1 (encoder_layer" + ("_int8" if int8 else "") + "): QKV projection",
+            ),
+            f"{tag}/layer 0 LayerNorm": (
+                fn,
+                F(norms=[torch.ones(7)] + a["norms"][1:]),
+                ValueError,
+                "layer 0 (encoder_layer" + ("_int8" if int8 else "") + "): attention LayerNorm",
+            ),
+            f"{tag}/cu_seqlens": (
+                fn,
+                F(cu=torch.tensor([0, 2, 5], dtype=torch.int32)),
+                IndexError,
+                "layer 0 (encoder_layer" + ("_int8" if int8 else "") + "): attention",
+            ),
+        }
+        if int8:
+            out[f"{tag}/splits count"] = (
+                fn,
+                F(splits=[0]),
+                ValueError,
+                "splits holds 1 layers, gemms 2",
+            )
+            out[f"{tag}/split mask"] = (fn, F(splits=[0, 16]), ValueError, "layer 1")
+    return out
+
+
 ALL_CASES = {
     **CASES,
     **_packed_cases(),
     **_layer_cases(),
     **_int8_cases(),
     **_layer_int8_cases(),
+    **_forward_cases(),
 }
 
 
@@ -849,3 +983,54 @@ def test_encoder_layer_int8_is_its_steps(split):
     assert torch.equal(got, want)
     if split:  # the mask reaches the GEMMs: a split GEMM's activations carry more bits
         assert not torch.equal(got, _call(cpu.encoder_layer_int8, dict(a, split=0)))
+
+
+def _forward_steps(a, int8):
+    """encoder_forward's steps called one by one: embed_layernorm (+ linear_packed for
+    the projection), then each layer's entry point."""
+    h = cpu.embed_layernorm(
+        a["input_ids"], a["position_ids"], a["token_type_ids"], a["word"], a["pos"],
+        a["types"], a["emb_ln_w"], a["emb_ln_b"], a["eps"],
+    )  # fmt: skip
+    if a["project"] is not None:
+        h = cpu.linear_packed(h, a["project"], a["project_b"], 8, None, True)
+    per = 12 if int8 else 4
+    for i in range(2):
+        g, b, n = a["gemms"][per * i :], a["biases"][4 * i :], a["norms"][4 * i :]
+        common = (h, a["cu"], a["max_len"], a["heads"], a["scale"])
+        if int8:
+            h = cpu.encoder_layer_int8(
+                *common, *g[0:3], b[0], *g[3:6], b[1], n[0], n[1], *g[6:9], b[2], a["act"],
+                *g[9:12], b[3], n[2], n[3], a["eps"], a["splits"][i],
+            )  # fmt: skip
+        else:
+            h = cpu.encoder_layer(
+                *common, g[0], b[0], g[1], b[1], n[0], n[1], g[2], b[2], a["inter"], a["act"],
+                g[3], b[3], n[2], n[3], a["eps"], True,
+            )  # fmt: skip
+    return h
+
+
+@pytest.mark.parametrize("project", [False, True])
+@pytest.mark.parametrize("int8", [False, True])
+def test_encoder_forward_is_its_steps(project, int8):
+    """A valid encoder_forward / encoder_forward_int8 call (run under the sanitizers
+    too) equals its steps called one by one, bit for bit; the layers are applied in
+    the order given (two layers swapped give another result)."""
+    if int8 and not hasattr(cpu, "encoder_forward_int8"):  # pragma: no cover
+        pytest.skip("a build without int8")
+    fn = cpu.encoder_forward_int8 if int8 else cpu.encoder_forward
+    a = _forward_args(project=project, int8=int8)
+    got = _call(fn, a)
+    assert got.shape == (3, 8)
+    assert torch.equal(got, _forward_steps(a, int8))
+    per = 12 if int8 else 4
+    swapped = dict(
+        a,
+        gemms=a["gemms"][per:] + a["gemms"][:per],
+        biases=a["biases"][4:] + a["biases"][:4],
+        norms=a["norms"][4:] + a["norms"][:4],
+    )
+    if int8:
+        swapped["splits"] = a["splits"][::-1]
+    assert not torch.equal(got, _call(fn, swapped))
