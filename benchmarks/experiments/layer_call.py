@@ -1,15 +1,18 @@
-"""Whole CPU forwards with one native call per encoder layer against op by op.
+"""Whole CPU forwards in one native call, with one native call per encoder layer,
+and op by op.
 
-``cpu.encoder_layer`` runs a layer's seven ops in one call to ``bertfast._C`` where
-every GEMM of the layer is on the C++ GEMM (a loaded model, up to
-``cpu_weights.SMALL_ROWS`` tokens); ``cpu.FUSED_LAYER = False`` runs the same
-kernels one Python call each. With ``--quantize int8`` the model's linear layers are
-int8 and the layer call is ``quant.encoder_layer`` (``_C.cpu.encoder_layer_int8``,
-any row count, attention in fp32: ``BERTFAST_CPU_INT8_ATTENTION=fp32`` where the CPU
-has native bf16). Both are timed here on the same model and inputs,
-alternating round by round in one process; medians of the rounds' medians, and
-the ratio (only ratios inside one run mean anything on a shared machine). The
-outputs are checked equal first. Usage::
+Where every GEMM of every layer is on the C++ GEMM (a loaded model, up to
+``cpu_weights.SMALL_ROWS`` tokens), the cpu encoder runner runs the embeddings and
+every layer in one call to ``bertfast._C`` (``cpu.encoder_forward``; "one call");
+``cpu.FUSED_FORWARD = False`` runs one call per layer (``cpu.encoder_layer``, a
+layer's seven ops; "per layer"), and ``cpu.FUSED_LAYER = False`` the same kernels one
+Python call each ("per op"). With ``--quantize int8`` the model's linear layers are
+int8 (``_C.cpu.encoder_forward_int8`` / ``encoder_layer_int8``, any row count,
+attention in fp32: ``BERTFAST_CPU_INT8_ATTENTION=fp32`` where the CPU has native
+bf16). All three are timed on the same model and inputs, rotating round by round in
+one process; medians of the rounds' medians, and the ratios to one call (only ratios
+inside one run mean anything on a shared machine). The outputs are checked equal
+first. Usage::
 
     python benchmarks/experiments/layer_call.py [--model minilm|bert-base|FOLDER] \
         [--shapes 1x16,1x128] [--quantize int8]
@@ -43,7 +46,13 @@ def main() -> None:
     kind = args.quantize or "fp32"
     print(f"{folder} ({kind}): {args.threads} threads, ms per forward, ", end="")
     print(f"median of {args.rounds} rounds")
-    print(f"{'shape':>7s} {'per layer':>10s} {'per op':>9s} {'per op / per layer':>19s}")
+    variants = {"one call": (True, True), "per layer": (False, True), "per op": (False, False)}
+    print(f"{'shape':>7s} " + " ".join(f"{v:>9s}" for v in variants), end="")
+    print("  per layer / one call  per op / one call")
+
+    def switch(variant):
+        cpu_ops.FUSED_FORWARD, cpu_ops.FUSED_LAYER = variants[variant]
+
     for shape in args.shapes.split(","):
         B, S = (int(v) for v in shape.split("x"))
         ids = torch.randint(1000, model.config.vocab_size, (B, S))
@@ -53,21 +62,24 @@ def main() -> None:
             with torch.inference_mode():
                 return model(ids, attention_mask=mask).last_hidden_state
 
-        res = {True: [], False: []}
+        res = {v: [] for v in variants}
         outs = {}
-        for fused in (True, False):
-            cpu_ops.FUSED_LAYER = fused
-            outs[fused] = run()
-        if not torch.equal(outs[True], outs[False]):
-            raise SystemExit(f"{shape}: the two paths differ")
+        for v in variants:
+            switch(v)
+            outs[v] = run()
+        if not all(torch.equal(outs["one call"], o) for o in outs.values()):
+            raise SystemExit(f"{shape}: the paths differ")
+        order = list(variants)
         for r in range(args.rounds):
-            for fused in (True, False) if r % 2 == 0 else (False, True):
-                cpu_ops.FUSED_LAYER = fused
+            for v in order[r % 3 :] + order[: r % 3]:
+                switch(v)
                 stats = measure(run, "cpu", warmup=1, max_rounds=10**6, budget_s=args.seconds)
-                res[fused].append(stats.median * 1e3)
-        cpu_ops.FUSED_LAYER = True
-        a, b = statistics.median(res[True]), statistics.median(res[False])
-        print(f"{shape:>7s} {a:10.3f} {b:9.3f} {b / a:19.3f}")
+                res[v].append(stats.median * 1e3)
+        switch("one call")
+        med = {v: statistics.median(res[v]) for v in variants}
+        print(f"{shape:>7s} " + " ".join(f"{med[v]:9.3f}" for v in variants), end="")
+        one = med["one call"]
+        print(f"  {med['per layer'] / one:20.3f}  {med['per op'] / one:17.3f}")
 
 
 if __name__ == "__main__":
