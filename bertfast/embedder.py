@@ -549,12 +549,12 @@ class Embedder:
             return self.embed_batch(self.tokenizer.collate(items))
         model = self.model
         lengths = [len(ids) for ids, _ in items]
-        ids = torch.tensor([i for row, _ in items for i in row], dtype=torch.int64)
+        ids = [i for row, _ in items for i in row]
         types = None
         if getattr(model.config, "type_vocab_size", 1):
-            types = torch.tensor([t for _, row in items for t in row], dtype=torch.int64)
-        with torch.inference_mode():
-            hidden, info = model.encode_packed(ids, lengths, types)
+            types = [t for _, row in items for t in row]
+        with torch.inference_mode():  # encode_packed on the host lists (CPU only)
+            hidden, info = model._encode_packed_host(ids, lengths, types)
             return pool_packed(hidden, info, self.pooling)
 
     def _packs(self, items) -> bool:

@@ -748,6 +748,62 @@ class BertfastModel(nn.Module):
         h, info, _ = self._encode_rows(ids, pos, types, info, eager, False)
         return h, info
 
+    def _encode_packed_host(self, ids: list[int], lengths: list[int], types: list[int] | None):
+        """:meth:`encode_packed` of ids held on the host, for a model on the CPU (the
+        Embedder's tokenised texts): ``ids`` the sequences' ids back to back,
+        ``lengths`` their token counts (ints, each at least 1, summing to ``len(ids)``:
+        the caller's), ``types`` their token types or None.
+
+        The same value checks, on the lists (min and max in Python: no torch op and
+        no read back), raising the same errors in the same order; positions and the
+        packing layout made on the host too, and every int64 input as one tensor.
+        The same tensors as :meth:`encode_packed` makes, so the same result bit for
+        bit, without the dozen small torch ops around the forward (each costs tens of
+        microseconds right after a forward has streamed the weights through the
+        caches: a measurable share of a lone short query)."""
+        cfg = self.config
+        T, B, S = len(ids), len(lengths), max(lengths)
+        if cfg.position_scheme != "roberta":
+            self._check_values((("position_ids", "top", S, ""),), [S - 1])
+        checks = self._value_checks(types is not None, False, S)
+        scalars = [min(ids), max(ids)]
+        if types is not None:
+            if cfg.has_token_types:
+                scalars += [min(types), max(types)]
+            else:
+                scalars.append(int(any(types)))
+                types = None
+        if cfg.has_token_types and types is None:
+            types = [0] * T
+        if cfg.position_scheme == "roberta":  # counted from the padding id, per sequence
+            pad, pos, at = cfg.pad_token_id, [], 0
+            for n in lengths:
+                count = pad
+                for token in ids[at : at + n]:
+                    if token != pad:
+                        count += 1
+                        pos.append(count)
+                    else:
+                        pos.append(pad)
+                at += n
+            scalars.append(max(pos))
+        else:
+            pos = list(range(T)) if B == 1 else [i for n in lengths for i in range(n)]
+        self._check_values(checks, scalars)
+        dense = min(lengths) == S
+        if dense:
+            flat = range(T)
+        else:  # where each row sits in the padded [B, S] layout
+            flat = [b * S + i for b, n in enumerate(lengths) for i in range(n)]
+        buf = torch.tensor([*ids, *pos, *(types or ()), *flat], dtype=torch.int64)
+        ids_t, pos_t = buf[:T], buf[T : 2 * T]
+        types_t = buf[2 * T : 3 * T] if types is not None else None
+        cu = torch.tensor(list(itertools.accumulate(lengths, initial=0)), dtype=torch.int32)
+        info = ops.PackInfo(buf[buf.shape[0] - T :], cu, S, B, S, dense=dense)
+        eager = not torch.compiler.is_compiling()
+        h, info, _ = self._encode_rows(ids_t, pos_t, types_t, info, eager, False)
+        return h, info
+
     def _encode_rows(self, ids_p, pos_p, types_p, info, eager, output_hidden_states):
         """The encoder on packed ids, positions and token types (``info``: their
         ``PackInfo``); ``eager``: the backend's encoder runner may take it."""

@@ -81,6 +81,30 @@ def test_encode_packed_matches_transformers_and_padded_encode(pair, lengths):
     assert torch.equal(unpacked[real], h) and not unpacked[~real].any()
 
 
+@pytest.mark.parametrize("lengths", [LENGTHS, (7,), (4, 4, 4)], ids=["ragged", "one", "equal"])
+@pytest.mark.parametrize("with_types", [True, False], ids=["types", "no-types"])
+def test_host_lists_equal_encode_packed(pair, lengths, with_types):
+    """``_encode_packed_host`` (the Embedder's: ids as Python lists, checked and laid
+    out on the host) gives encode_packed's hidden states and PackInfo, bit for bit,
+    RoBERTa's positions (one real token is the pad id) included."""
+    family, _, model = pair
+    ids, types = _sequences(family, lengths)
+    flat = torch.cat(ids)
+    flat_types = torch.cat(types) if types is not None and with_types else None
+    with torch.inference_mode():
+        h, info = model.encode_packed(flat, list(lengths), flat_types)
+        h_host, info_host = model._encode_packed_host(
+            flat.tolist(), list(lengths), None if flat_types is None else flat_types.tolist()
+        )
+    assert torch.equal(h_host, h)
+    for field in ("indices", "cu_seqlens"):
+        a, b = getattr(info_host, field), getattr(info, field)
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert (info_host.max_seqlen, info_host.batch, info_host.seqlen, info_host.dense) == (
+        info.max_seqlen, info.batch, info.seqlen, info.dense,
+    )  # fmt: skip
+
+
 def test_encode_packed_types_default_to_zero(pair):
     family, _, model = pair
     ids, _ = _sequences(family)
@@ -117,6 +141,40 @@ def test_encode_packed_refuses_bad_inputs(tmp_path, ids, lengths, types, error, 
     types = None if types is None else torch.tensor(types)
     with pytest.raises(error, match=match):
         model.encode_packed(ids, lengths, types)
+
+
+@pytest.mark.parametrize(
+    "family, ids, types",
+    [
+        ("bert", [1, 2, VOCAB], None),
+        ("bert", [1, -2, 3], None),
+        ("bert", [1, 2, 3], [0, 5, 0]),
+        ("bert", [1, 2, 3], [0, -1, 0]),
+        ("distilbert", [1, 2, 3], [0, 1, 0]),
+        ("roberta", [1, VOCAB + 3, 3], None),
+    ],
+)
+def test_host_lists_refuse_what_encode_packed_refuses(tmp_path, family, ids, types):
+    """Each bad value gives the host path the error encode_packed gives, word for word."""
+    model = bertfast.from_pretrained(save(build(family), str(tmp_path / family)))
+    with pytest.raises((IndexError, ValueError)) as want:
+        model.encode_packed(
+            torch.tensor(ids), [len(ids)], None if types is None else torch.tensor(types)
+        )
+    with pytest.raises(type(want.value)) as got:
+        model._encode_packed_host(ids, [len(ids)], types)
+    assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_host_lists_refuse_a_sequence_past_the_positions(tmp_path, family):
+    model = bertfast.from_pretrained(save(build(family), str(tmp_path / family)))
+    n = model.config.max_position_embeddings + 1
+    with pytest.raises(ValueError) as want:
+        model.encode_packed(torch.full((n,), 5), [n])
+    with pytest.raises(ValueError) as got:
+        model._encode_packed_host([5] * n, [n], None)
+    assert str(got.value) == str(want.value) and "position" in str(got.value)
 
 
 def test_encode_packed_refuses_a_sequence_past_the_positions(tmp_path):
