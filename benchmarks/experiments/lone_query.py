@@ -1,12 +1,18 @@
 """One short query at a time through ``Embedder.encode`` (what a search box or a
-served request runs), with the encoder in one native call and with one call per
-layer (``cpu.FUSED_FORWARD``), alternating every ``--block`` queries in one process.
+served request runs), two ways alternating every ``--block`` queries in one process:
+
+- ``--compare forward`` (default): the encoder in one native call and with one call
+  per layer (``cpu.FUSED_FORWARD``);
+- ``--compare host``: the Embedder's ids checked and laid out on the host
+  (``BertfastModel._encode_packed_host``, what it runs) and as tensors through
+  ``encode_packed`` (what it ran before).
 
 Prints the median wall time per query of each, their ratio, and the median time of
 the native forward itself (``cpu.encoder_forward``) so the time outside it shows.
 Only ratios inside one run mean anything on a shared machine. Usage::
 
-    python benchmarks/experiments/lone_query.py [--model minilm|FOLDER] [--quantize int8]
+    python benchmarks/experiments/lone_query.py [--model minilm|FOLDER] [--quantize int8] \
+        [--compare forward|host]
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 import bertfast
 from bertfast import presets
 from bertfast.bench.serving import make_queries
+from bertfast.embedder import pool_packed
 from bertfast.ops import cpu as cpu_ops
 
 
@@ -30,6 +37,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=3000)
     ap.add_argument("--block", type=int, default=10, help="queries per switch")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compare", choices=["forward", "host"], default="forward")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     emb = bertfast.Embedder.from_pretrained(presets.resolve(args.model), quantize=args.quantize)
@@ -45,23 +53,42 @@ def main() -> None:
         return out
 
     cpu_ops.encoder_forward = timed
+    host_path = emb.embed_tokenized
+    model = emb.model
+
+    def tensor_path(items):  # encode_packed on tensors, as the Embedder did before
+        lengths = [len(ids) for ids, _ in items]
+        ids = torch.tensor([i for row, _ in items for i in row], dtype=torch.int64)
+        types = torch.tensor([t for _, row in items for t in row], dtype=torch.int64)
+        with torch.inference_mode():
+            hidden, info = model.encode_packed(ids, lengths, types)
+            return pool_packed(hidden, info, emb.pooling)
+
+    def switch(first: bool) -> None:
+        if args.compare == "forward":
+            cpu_ops.FUSED_FORWARD = first
+        else:
+            emb.embed_tokenized = host_path if first else tensor_path
+
     res = {True: [], False: []}
     try:
         for i, q in enumerate(queries[100:]):
-            one_call = (i // args.block) % 2 == 0
-            cpu_ops.FUSED_FORWARD = one_call
+            first = (i // args.block) % 2 == 0
+            switch(first)
             t = time.perf_counter()
             emb.encode([q])
-            res[one_call].append(time.perf_counter() - t)
+            res[first].append(time.perf_counter() - t)
     finally:
         cpu_ops.FUSED_FORWARD, cpu_ops.encoder_forward = True, real
-    one, per = (statistics.median(res[v]) * 1e3 for v in (True, False))
+        emb.embed_tokenized = host_path
+    a, b = (statistics.median(res[v]) * 1e3 for v in (True, False))
+    names = ("one call", "per layer") if args.compare == "forward" else ("host lists", "tensors")
     kind = args.quantize or "fp32"
     print(f"{args.model} ({kind}), {args.threads} threads, {args.queries} queries, ms per query")
-    print(f"one call {one:.3f}  per layer {per:.3f}  per layer / one call {per / one:.3f}")
+    print(f"{names[0]} {a:.3f}  {names[1]} {b:.3f}  {names[1]} / {names[0]} {b / a:.3f}")
     if native:
         inside = statistics.median(native) * 1e3
-        print(f"native forward {inside:.3f}, outside it (one call) {one - inside:.3f}")
+        print(f"native forward {inside:.3f}, outside it ({names[0]}) {a - inside:.3f}")
 
 
 if __name__ == "__main__":
