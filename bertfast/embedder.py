@@ -538,24 +538,33 @@ class Embedder:
             hidden = self._last_hidden(batch["input_ids"], batch["attention_mask"], types)
             return pool(hidden, batch["attention_mask"], self.pooling)
 
-    def embed_tokenized(self, items: Sequence[tuple[Sequence[int], Sequence[int]]]) -> torch.Tensor:
-        """Pooled fp32 vectors ``[B, dim]`` (no normalisation) of tokenised texts
-        (``(ids, type_ids)`` pairs, as :meth:`bertfast.tokenizer.Tokenizer.tokenize`
-        gives them). A bertfast model on the CPU runs them back to back, never padded
-        (``BertfastModel.encode_packed``, :func:`pool_packed`); otherwise they are
-        collated and run through :meth:`embed_batch`. The two give the same vectors (to
-        float rounding)."""
+    def embed_tokenized(
+        self, items: Sequence[tuple[Sequence[int], Sequence[int]]], normalize: bool = False
+    ) -> torch.Tensor:
+        """Pooled fp32 vectors ``[B, dim]`` of tokenised texts (``(ids, type_ids)``
+        pairs, as :meth:`bertfast.tokenizer.Tokenizer.tokenize` gives them),
+        L2-normalised when ``normalize``. A bertfast model on the CPU runs them back to
+        back, never padded (``BertfastModel.encode_packed`` on the host lists; one
+        pooling of ``cls``, ``mean``, ``mean_sqrt_len`` or ``lasttoken`` and the
+        normalising then run in one native call with the forward's output in cache,
+        others :func:`pool_packed`); otherwise they are collated and run through
+        :meth:`embed_batch`. All give the same vectors (to float rounding)."""
         if not self._packs(items):
-            return self.embed_batch(self.tokenizer.collate(items))
+            vectors = self.embed_batch(self.tokenizer.collate(items))
+            return F.normalize(vectors, p=2.0, dim=-1) if normalize else vectors
         model = self.model
         lengths = [len(ids) for ids, _ in items]
         ids = [i for row, _ in items for i in row]
         types = None
         if getattr(model.config, "type_vocab_size", 1):
             types = [t for _, row in items for t in row]
+        pool = (self.pooling[0], bool(normalize)) if len(self.pooling) == 1 else None
         with torch.inference_mode():  # encode_packed on the host lists (CPU only)
-            hidden, info = model._encode_packed_host(ids, lengths, types)
-            return pool_packed(hidden, info, self.pooling)
+            hidden, info, pooled = model._encode_packed_host(ids, lengths, types, pool)
+            if pooled is not None:
+                return pooled
+            vectors = pool_packed(hidden, info, self.pooling)
+            return F.normalize(vectors, p=2.0, dim=-1) if normalize else vectors
 
     def _packs(self, items) -> bool:
         """Whether :meth:`embed_tokenized` runs ``items`` packed: a plain bertfast model
@@ -685,9 +694,7 @@ class Embedder:
             bar = contextlib.nullcontext()
         with bar:
             for index in batches:
-                vectors = self.embed_tokenized([items[i] for i in index])
-                if normalize:
-                    vectors = F.normalize(vectors, p=2.0, dim=-1)
+                vectors = self.embed_tokenized([items[i] for i in index], normalize)
                 if len(batches) == 1 and index == list(range(len(items))):
                     result.copy_(vectors)  # one batch already in input order
                 else:

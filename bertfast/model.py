@@ -748,7 +748,9 @@ class BertfastModel(nn.Module):
         h, info, _ = self._encode_rows(ids, pos, types, info, eager, False)
         return h, info
 
-    def _encode_packed_host(self, ids: list[int], lengths: list[int], types: list[int] | None):
+    def _encode_packed_host(
+        self, ids: list[int], lengths: list[int], types: list[int] | None, pool=None
+    ):
         """:meth:`encode_packed` of ids held on the host, for a model on the CPU (the
         Embedder's tokenised texts): ``ids`` the sequences' ids back to back,
         ``lengths`` their token counts (ints, each at least 1, summing to ``len(ids)``:
@@ -760,7 +762,13 @@ class BertfastModel(nn.Module):
         The same tensors as :meth:`encode_packed` makes, so the same result bit for
         bit, without the dozen small torch ops around the forward (each costs tens of
         microseconds right after a forward has streamed the weights through the
-        caches: a measurable share of a lone short query)."""
+        caches: a measurable share of a lone short query).
+
+        Returns ``(last hidden [T, H], PackInfo, pooled)``. ``pool``: ``(mode,
+        normalize)`` for the Embedder, whose vectors the backend's encoder runner then
+        pools in the same native step (``CpuEncoder.pool``); ``pooled`` is those
+        ``[B, H]`` vectors, or None where the runner does not pool (no runner, another
+        mode or dtype: the caller pools ``hidden``)."""
         cfg = self.config
         T, B, S = len(ids), len(lengths), max(lengths)
         if cfg.position_scheme != "roberta":
@@ -802,7 +810,8 @@ class BertfastModel(nn.Module):
         info = ops.PackInfo(buf[buf.shape[0] - T :], cu, S, B, S, dense=dense)
         eager = not torch.compiler.is_compiling()
         h, info, _ = self._encode_rows(ids_t, pos_t, types_t, info, eager, False)
-        return h, info
+        runner = self._runner() if eager and pool is not None else None
+        return h, info, runner.pool(h, info, *pool) if runner is not None else None
 
     def _encode_rows(self, ids_p, pos_p, types_p, info, eager, output_hidden_states):
         """The encoder on packed ids, positions and token types (``info``: their

@@ -140,6 +140,41 @@ Tensor unpack_rows(const Tensor& x, const Tensor& indices, int64_t num_rows) {
   return out;
 }
 
+// One vector per sequence of packed fp32 rows (kernels/cpu/pool.cpp): the Embedder's
+// pooling of a forward's output while it is in cache, optionally L2-normalised.
+constexpr const char* kPoolNames[] = {"cls", "mean", "mean_sqrt_len", "lasttoken"};
+
+Tensor pool_packed(const Tensor& h, const Tensor& cu_seqlens, const std::string& mode,
+                   bool normalize) {
+  Op op = cpu_op("pool_packed");
+  op.tensor(h, "h", ScalarType::Float);
+  op.dims(h, "h", 2);
+  op.tensor(cu_seqlens, "cu_seqlens", ScalarType::Int);
+  op.dims(cu_seqlens, "cu_seqlens", 1);
+  int code = -1;
+  for (int c = 0; c < static_cast<int>(std::size(kPoolNames)); ++c)
+    if (mode == kPoolNames[c]) code = c;
+  if (code < 0)
+    op.value_error("unknown pooling mode '" + mode +
+                   "'; expected cls, mean, mean_sqrt_len or lasttoken");
+  const int64_t T = h.size(0), H = h.size(1), B = cu_seqlens.size(0) - 1;
+  if (B < 1) op.value_error("cu_seqlens must hold at least 2 entries (one sequence)");
+  // Every sequence must have a row: rising strictly from 0 to the row count.
+  const int32_t* cu = cu_seqlens.const_data_ptr<int32_t>();
+  if (cu[0] != 0 || cu[B] != T)
+    op.index_error("cu_seqlens must rise from 0 to the row count " + std::to_string(T) + ", got " +
+                   std::to_string(cu[0]) + " .. " + std::to_string(cu[B]));
+  for (int64_t b = 0; b < B; ++b)
+    if (cu[b + 1] <= cu[b])
+      op.value_error("sequence " + std::to_string(b) + " has no row (cu_seqlens " +
+                     std::to_string(cu[b]) + " -> " + std::to_string(cu[b + 1]) + ")");
+  Tensor out = empty({B, H}, h);
+  if (H == 0) return out;
+  cpu::pool_packed(static_cast<float*>(out.data_ptr()), h.const_data_ptr<float>(), cu, B, H, code,
+                   normalize);
+  return out;
+}
+
 // ---------------------------------------------------------------- GEMM (fp32, CPU only)
 struct LinearArgs {
   int activation;
@@ -493,6 +528,10 @@ STABLE_TORCH_LIBRARY(bertfast_cpu, m) {
   m.def("pack_rows(Tensor x, Tensor indices) -> Tensor");
   // out[indices[i]] = x[i], zero rows elsewhere, num_rows rows.
   m.def("unpack_rows(Tensor x, Tensor indices, int num_rows) -> Tensor");
+  // One fp32 vector per sequence of packed rows h [T, H] (cu_seqlens [B + 1], each
+  // sequence at least one row): cls, mean, mean_sqrt_len or lasttoken, then
+  // L2-normalised when asked -> [B, H].
+  m.def("pool_packed(Tensor h, Tensor cu_seqlens, str mode, bool normalize=False) -> Tensor");
   // fp32 act(x @ weight.T + bias), activation None/gelu/gelu_tanh/relu; allow_avx512=False
   // forces the AVX2 kernel.
   m.def(
@@ -551,6 +590,7 @@ STABLE_TORCH_LIBRARY_IMPL(bertfast_cpu, CompositeExplicitAutograd, m) {
   m.impl("attention_varlen", TORCH_BOX(&attention_varlen));
   m.impl("pack_rows", TORCH_BOX(&pack_rows));
   m.impl("unpack_rows", TORCH_BOX(&unpack_rows));
+  m.impl("pool_packed", TORCH_BOX(&pool_packed));
   m.impl("linear_act", TORCH_BOX(&linear_act));
   m.impl("linear_pack", TORCH_BOX(&linear_pack));
   m.impl("linear_packed", TORCH_BOX(&linear_packed));

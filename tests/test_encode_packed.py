@@ -93,9 +93,10 @@ def test_host_lists_equal_encode_packed(pair, lengths, with_types):
     flat_types = torch.cat(types) if types is not None and with_types else None
     with torch.inference_mode():
         h, info = model.encode_packed(flat, list(lengths), flat_types)
-        h_host, info_host = model._encode_packed_host(
+        h_host, info_host, pooled = model._encode_packed_host(
             flat.tolist(), list(lengths), None if flat_types is None else flat_types.tolist()
         )
+    assert pooled is None  # none asked for
     assert torch.equal(h_host, h)
     for field in ("indices", "cu_seqlens"):
         a, b = getattr(info_host, field), getattr(info, field)
@@ -250,3 +251,51 @@ def test_embed_tokenized_pads_an_empty_text(tmp_path):
     assert not emb._packs(items)
     out = emb.embed_tokenized(items)
     assert out.shape == (2, emb.dim) and not out[1].any() and out[0].any()
+
+
+@pytest.mark.parametrize("normalize", [False, True], ids=["raw", "normalized"])
+@pytest.mark.parametrize(
+    "pooling",
+    [("cls",), ("mean",), ("mean_sqrt_len",), ("lasttoken",), ("cls", "mean"), ("max",)],
+)
+def test_embed_tokenized_pools_natively_where_it_can(tmp_path, monkeypatch, pooling, normalize):
+    """One pooling of the four the CPU kernel has (and its normalising) runs in one
+    native call on the runner's output (``CpuEncoder.pool``); two poolings, or one it
+    has not, pool in torch. Every way gives the padded batch's vectors, normalised
+    with ``F.normalize`` where asked, and ``encode`` and the server's ``embed_items``
+    return them."""
+    from bertfast.ops.cpu_encoder import CpuEncoder
+    from bertfast.serving.batcher import embed_items
+
+    from .tiny_embedder import corpus, make_checkpoint
+
+    emb = bertfast.Embedder.from_pretrained(make_checkpoint(tmp_path))
+    emb.pooling = pooling
+    emb.dim = emb.model.config.hidden_size * len(pooling)
+    texts = corpus(5, min_words=1)
+    items = emb.tokenizer.tokenize(texts)
+    expected = emb.embed_batch(emb.tokenizer.collate(items))
+    if normalize:
+        expected = torch.nn.functional.normalize(expected, p=2.0, dim=-1)
+    native = []
+    real = CpuEncoder.pool
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        native.append(out is not None)
+        return out
+
+    monkeypatch.setattr(CpuEncoder, "pool", spy)
+    got = emb.embed_tokenized(items, normalize)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    # two poolings: torch pools the packed rows; max: the padded path
+    assert native == ([True] if len(pooling) == 1 and pooling[0] in PACKED_POOLING else [])
+    enc = emb.encode(texts, normalize=normalize, convert_to="torch")
+    torch.testing.assert_close(enc, expected, rtol=0, atol=1e-6)
+    served = embed_items(emb, items, [normalize] * len(items))
+    torch.testing.assert_close(torch.from_numpy(served), expected, rtol=0, atol=1e-6)
+    mixed = embed_items(emb, items, [i % 2 == 0 for i in range(len(items))])
+    raw = emb.embed_batch(emb.tokenizer.collate(items))
+    for i in range(len(items)):
+        want = torch.nn.functional.normalize(raw[i], dim=-1) if i % 2 == 0 else raw[i]
+        torch.testing.assert_close(torch.from_numpy(mixed[i]), want, rtol=0, atol=1e-6)

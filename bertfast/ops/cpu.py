@@ -168,6 +168,17 @@ def encoder_forward(ids, pos, types, embedding, cu_seqlens, max_seqlen, num_head
     )  # fmt: skip
 
 
+#: The poolings :func:`pool_packed` computes (``kernels/cpu/pool.cpp``).
+POOLINGS = ("cls", "mean", "mean_sqrt_len", "lasttoken")
+
+
+def pool_packed(h, cu_seqlens, mode: str, normalize: bool):
+    """One fp32 vector per sequence of packed fp32 rows ``h`` ``[T, H]`` (every sequence
+    at least one row): ``mode`` from :data:`POOLINGS`, then L2-normalised (``x /
+    max(||x||, 1e-12)``, as ``F.normalize``) when ``normalize``; ``[B, H]``."""
+    return _kernels.pool_packed(h.contiguous(), cu_seqlens.contiguous(), mode, bool(normalize))
+
+
 # ---------------------------------------------------------------- attention
 def attention(qkv, attention_mask, num_heads, scale):
     return _kernels.attention(

@@ -12,6 +12,8 @@ and dtype, and ``dispatch.select`` gives each op the cpu backend's own function.
   projection);
 - ``forward(ids, pos, types, info, attention_dtype)``: both in one native call
   (``cpu.encoder_forward``) where every layer would be one (below), else None;
+- ``pool(h, info, mode, normalize)``: one vector per sequence of the output, in one
+  native call (``cpu.pool_packed``), or None;
 - ``layers(h, info, states, attention_dtype)``: every layer by
   ``config.layer_schedule()``; one native call per layer where every GEMM runs on the
   C++ GEMM (``cpu.encoder_layer``), else op by op in row blocks
@@ -253,6 +255,16 @@ class CpuEncoder:
             project = mods["project"]._parameters
             h = plan.linear(h, project["weight"], project["bias"])
         return h
+
+    def pool(self, h, info, mode: str, normalize: bool):
+        """One vector per sequence of the packed output ``h`` (``info``: its
+        ``PackInfo``) in one native call: ``mode`` (``cls``, ``mean``,
+        ``mean_sqrt_len``, ``lasttoken``), L2-normalised when ``normalize``; fp32
+        ``[B, H]``. None for another mode or an ``h`` that is not fp32 (the caller
+        pools in torch)."""
+        if mode not in _cpu.POOLINGS or h.dtype != torch.float32:
+            return None
+        return _cpu.pool_packed(h, info.cu_seqlens, mode, normalize)
 
     def layers(self, h, info, states=None, attention_dtype=None):
         """Every encoder layer on packed tokens ``h`` (``info``: the batch's

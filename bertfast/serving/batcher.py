@@ -61,15 +61,18 @@ def embed_items(
     if not n:
         return out
     order = sorted(range(n), key=lambda i: -len(items[i][0]))
-    flags = torch.tensor([bool(x) for x in normalize], dtype=torch.bool)
+    flags = [bool(x) for x in normalize]
     for index in token_budget_batches(
         [len(items[i][0]) for i in order], order, batch_size, max_tokens
     ):
-        vectors = embedder.embed_tokenized([items[i] for i in index])
-        wanted = flags[index].to(vectors.device)
-        if bool(wanted.any()):
+        wanted = [flags[i] for i in index]
+        if all(wanted) or not any(wanted):  # the Embedder normalises (or not) them all
+            vectors = embedder.embed_tokenized([items[i] for i in index], wanted[0])
+        else:
+            vectors = embedder.embed_tokenized([items[i] for i in index])
             unit = F.normalize(vectors, p=2.0, dim=-1)
-            vectors = torch.where(wanted.unsqueeze(-1), unit, vectors)
+            keep = torch.tensor(wanted, device=vectors.device).unsqueeze(-1)
+            vectors = torch.where(keep, unit, vectors)
         out[index] = vectors.float().cpu().numpy()
     return out
 

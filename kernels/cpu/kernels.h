@@ -79,5 +79,13 @@ void pack_rows(void* out, const void* x, const int64_t* indices, int64_t num_ind
 void unpack_rows(void* out, const void* x, const int64_t* indices, int64_t num_indices,
                  int64_t num_rows, int64_t row_bytes, int num_threads);
 
+// ------------------------------------------------------------------ pool.cpp
+// One fp32 vector per sequence of packed rows h [T, hidden] (cu_seqlens [batch + 1],
+// every sequence at least one row): mode kPoolCls / kPoolMean / kPoolMeanSqrtLen /
+// kPoolLastToken, then L2-normalised when `normalize`. out: [batch, hidden].
+enum PoolMode { kPoolCls = 0, kPoolMean = 1, kPoolMeanSqrtLen = 2, kPoolLastToken = 3 };
+void pool_packed(float* out, const float* h, const int32_t* cu_seqlens, int64_t batch,
+                 int64_t hidden, int mode, bool normalize);
+
 }  // namespace cpu
 }  // namespace bertfast

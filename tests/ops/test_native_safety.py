@@ -873,6 +873,64 @@ def _forward_cases():
     return out
 
 
+def _pool_args(**over):
+    """pool_packed's arguments: 5 rows of width 8 in sequences of 2 and 3, mean."""
+    args = dict(
+        h=torch.randn(5, 8), cu=torch.tensor([0, 2, 5], dtype=torch.int32), mode="mean",
+        normalize=True,
+    )  # fmt: skip
+    args.update(over)
+    return args
+
+
+def _pool_cases():
+    """pool_packed (csrc/cpu_ops.cpp): every size and value the kernel relies on."""
+    P, fn = _pool_args, cpu.pool_packed
+    return {
+        "pool/h dtype": (fn, P(h=torch.randn(5, 8).double()), TypeError, "h has dtype"),
+        "pool/h 3-d": (fn, P(h=torch.randn(1, 5, 8)), ValueError, "h must have 2"),
+        "pool/h strided": (fn, P(h=torch.randn(8, 5).t()), ValueError, "h must be contiguous"),
+        "pool/cu dtype": (fn, P(cu=torch.tensor([0, 2, 5])), TypeError, "cu_seqlens has dtype"),
+        "pool/cu 2-d": (
+            fn,
+            P(cu=torch.tensor([[0, 2, 5]], dtype=torch.int32)),
+            ValueError,
+            "cu_seqlens must have 1",
+        ),
+        "pool/no sequence": (
+            fn,
+            P(cu=torch.tensor([0], dtype=torch.int32)),
+            ValueError,
+            "at least 2 entries",
+        ),
+        "pool/cu past the rows": (
+            fn,
+            P(cu=torch.tensor([0, 2, 6], dtype=torch.int32)),
+            IndexError,
+            "rise from 0 to the row count 5",
+        ),
+        "pool/cu from 1": (
+            fn,
+            P(cu=torch.tensor([1, 2, 5], dtype=torch.int32)),
+            IndexError,
+            "rise from 0",
+        ),
+        "pool/empty sequence": (
+            fn,
+            P(cu=torch.tensor([0, 2, 2, 5], dtype=torch.int32)),
+            ValueError,
+            "sequence 1 has no row",
+        ),
+        "pool/falling": (
+            fn,
+            P(cu=torch.tensor([0, 4, 2, 5], dtype=torch.int32)),
+            ValueError,
+            "sequence 1 has no row",
+        ),
+        "pool/mode": (fn, P(mode="max"), ValueError, "unknown pooling mode 'max'"),
+    }
+
+
 ALL_CASES = {
     **CASES,
     **_packed_cases(),
@@ -880,6 +938,7 @@ ALL_CASES = {
     **_int8_cases(),
     **_layer_int8_cases(),
     **_forward_cases(),
+    **_pool_cases(),
 }
 
 
@@ -1034,3 +1093,36 @@ def test_encoder_forward_is_its_steps(project, int8):
     if int8:
         swapped["splits"] = a["splits"][::-1]
     assert not torch.equal(got, _call(fn, swapped))
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("mode", ["cls", "mean", "mean_sqrt_len", "lasttoken"])
+def test_pool_packed_matches_torch(mode, normalize):
+    """pool_packed against torch on the same rows (run under the sanitizers too):
+    ragged sequences, one of a single row; NaN in a row stays in its sequence."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [3, 1, 6, 2]
+    h = torch.randn(sum(lengths), 16, generator=g)
+    cu = torch.tensor([0, 3, 4, 10, 12], dtype=torch.int32)
+    rows = list(torch.split(h, lengths))
+    want = torch.stack(
+        [
+            r[0] if mode == "cls" else r[-1] if mode == "lasttoken"
+            else r.sum(0) / (len(r) if mode == "mean" else len(r) ** 0.5)
+            for r in rows
+        ]
+    )  # fmt: skip
+    if normalize:
+        want = torch.nn.functional.normalize(want, p=2.0, dim=-1)
+    got = cpu.pool_packed(h, cu, mode, normalize)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    h[5, 3] = float("nan")  # a row of the third sequence
+    got = cpu.pool_packed(h, cu, mode, normalize)
+    assert got[[0, 1, 3]].isfinite().all()
+    if mode in ("mean", "mean_sqrt_len"):  # the NaN row is summed: NaN where it was,
+        assert got[2, 3].isnan()  # and everywhere once normalised (its norm is NaN)
+        assert got[2].isnan().all() == normalize
+    else:  # cls / lasttoken take rows 4 and 9
+        assert got[2].isfinite().all()
+    zero = cpu.pool_packed(torch.zeros(2, 4), cu[:2].clamp(max=2), mode, normalize)
+    assert torch.equal(zero, torch.zeros(1, 4))  # a zero vector stays zero (no 0 / 0)
