@@ -12,6 +12,7 @@
 #include <torch/csrc/stable/library.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "binding.h"
 #include "cpu_int8_ops.h"
@@ -410,19 +411,22 @@ Tensor embed_project(Op& op, const Tensor& input_ids, const Tensor& position_ids
   });
 }
 
-// The layer count of a composite given `per_layer` tensors a layer in `name`.
-template <typename T>
-int64_t layer_count(const Op& op, const std::vector<T>& list, const char* name, int64_t per_layer) {
-  if (list.size() % per_layer != 0)
-    op.value_error(std::string(name) + " must hold " + std::to_string(per_layer) +
-                   " tensors a layer, got " + std::to_string(list.size()));
-  return static_cast<int64_t>(list.size()) / per_layer;
-}
-
-void same_layers(const Op& op, int64_t layers, int64_t got, const char* name) {
-  if (got != layers)
-    op.value_error(std::string(name) + " holds " + std::to_string(got) + " layers, gemms " +
-                   std::to_string(layers));
+// The layer count of encoder_forward(_int8)'s lists: `gemms` holds `per_gemm` tensors
+// a layer, `biases` and `norms` 4 each, for the same number of layers.
+int64_t forward_layers(const Op& op, const std::vector<Tensor>& gemms, size_t per_gemm,
+                       const std::vector<OptTensor>& biases, const std::vector<Tensor>& norms) {
+  if (gemms.size() % per_gemm != 0)
+    op.value_error("gemms must hold " + std::to_string(per_gemm) + " tensors a layer, got " +
+                   std::to_string(gemms.size()));
+  const size_t layers = gemms.size() / per_gemm;
+  const std::pair<const char*, size_t> others[] = {{"biases", biases.size()},
+                                                   {"norms", norms.size()}};
+  for (const auto& [name, size] : others)
+    if (size != 4 * layers)
+      op.value_error(std::string(name) + " must hold 4 tensors a layer (" +
+                     std::to_string(4 * layers) + " for the " + std::to_string(layers) +
+                     " layers of gemms), got " + std::to_string(size));
+  return static_cast<int64_t>(layers);
 }
 
 std::string layer_name(int64_t i) { return "layer " + std::to_string(i); }
@@ -446,9 +450,7 @@ Tensor encoder_forward(const Tensor& input_ids, const Tensor& position_ids,
                        const std::optional<std::string>& activation, double eps,
                        bool allow_avx512) {
   Op op = cpu_op("encoder_forward");
-  const int64_t layers = layer_count(op, gemms, "gemms", 4);
-  same_layers(op, layers, layer_count(op, biases, "biases", 4), "biases");
-  same_layers(op, layers, layer_count(op, norms, "norms", 4), "norms");
+  const int64_t layers = forward_layers(op, gemms, 4, biases, norms);
   Tensor h =
       embed_project(op, input_ids, position_ids, token_type_ids, word, pos, types, emb_ln_weight,
                     emb_ln_bias, project, project_bias, hidden, eps, allow_avx512);
@@ -479,10 +481,10 @@ Tensor encoder_forward_int8(const Tensor& input_ids, const Tensor& position_ids,
                             const std::vector<Tensor>& norms, const std::vector<int64_t>& splits,
                             const std::optional<std::string>& activation, double eps) {
   Op op = cpu_op("encoder_forward_int8");
-  const int64_t layers = layer_count(op, gemms, "gemms", 12);
-  same_layers(op, layers, layer_count(op, biases, "biases", 4), "biases");
-  same_layers(op, layers, layer_count(op, norms, "norms", 4), "norms");
-  same_layers(op, layers, static_cast<int64_t>(splits.size()), "splits");
+  const int64_t layers = forward_layers(op, gemms, 12, biases, norms);
+  if (static_cast<int64_t>(splits.size()) != layers)
+    op.value_error("splits must hold one mask a layer (" + std::to_string(layers) + "), got " +
+                   std::to_string(splits.size()));
   Tensor h = embed_project(op, input_ids, position_ids, token_type_ids, word, pos, types,
                            emb_ln_weight, emb_ln_bias, project, project_bias, hidden, eps,
                            /*allow_avx512=*/true);

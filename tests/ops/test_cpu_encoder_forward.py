@@ -24,29 +24,17 @@ from bertfast.ops.cpu_encoder import CpuEncoder
 
 from ..test_parity_transformers import ATOL
 from .test_cpu_encoder_layer import FAMILIES, _batch, _on_panels, zoo  # noqa: F401
+from .test_cpu_encoder_layer import Count as _Count
 
 pytestmark = pytest.mark.skipif(
     cpu_ops._kernels is None, reason="bertfast._C CPU kernels are not built"
 )
 
 
-class Count:
-    """Counts ``CpuEncoder.forward`` calls that ran the encoder (returned a tensor)
-    and that declined (None: the model went on layer by layer)."""
-
-    def __init__(self, monkeypatch):
-        self.ran = self.declined = 0
-        real = CpuEncoder.forward
-
-        def spy(encoder, *a, **k):
-            out = real(encoder, *a, **k)
-            if out is None:
-                self.declined += 1
-            else:
-                self.ran += 1
-            return out
-
-        monkeypatch.setattr(CpuEncoder, "forward", spy)
+def Count(monkeypatch):
+    """Counts ``CpuEncoder.forward`` calls that ran the encoder (returned a tensor) and
+    that declined (None: the model went on layer by layer)."""
+    return _Count(monkeypatch, CpuEncoder, "forward")
 
 
 def _last(model, ids, mask):

@@ -48,11 +48,12 @@ def zoo(tmp_path_factory):
 
 
 class Count:
-    """Counts ``cpu.encoder_layer`` calls that ran (returned a tensor) and declined."""
+    """Counts calls of ``owner.name`` (default ``cpu.encoder_layer``) that ran
+    (returned a tensor) and that declined (returned None)."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, owner=cpu_ops, name="encoder_layer"):
         self.ran = self.declined = 0
-        real = cpu_ops.encoder_layer
+        real = getattr(owner, name)
 
         def spy(*a, **k):
             out = real(*a, **k)
@@ -62,7 +63,7 @@ class Count:
                 self.ran += 1
             return out
 
-        monkeypatch.setattr(cpu_ops, "encoder_layer", spy)
+        monkeypatch.setattr(owner, name, spy)
 
 
 def _on_panels(folder, family, monkeypatch):

@@ -835,13 +835,13 @@ def _forward_cases():
                 fn,
                 F(biases=a["biases"][:4]),
                 ValueError,
-                "biases holds 1 layers, gemms 2",
+                "biases must hold 4 tensors a layer (8 for the 2 layers of gemms), got 4",
             ),
             f"{tag}/norms count": (
                 fn,
                 F(norms=a["norms"] + a["norms"]),
                 ValueError,
-                "norms holds 4 layers, gemms 2",
+                "norms must hold 4 tensors a layer (8 for the 2 layers of gemms), got 16",
             ),
             f"{tag}/layer 1 QKV": (
                 fn,
@@ -867,7 +867,7 @@ def _forward_cases():
                 fn,
                 F(splits=[0]),
                 ValueError,
-                "splits holds 1 layers, gemms 2",
+                "splits must hold one mask a layer (2), got 1",
             )
             out[f"{tag}/split mask"] = (fn, F(splits=[0, 16]), ValueError, "layer 1")
     return out
