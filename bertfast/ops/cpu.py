@@ -155,7 +155,7 @@ def encoder_forward(ids, pos, types, embedding, cu_seqlens, max_seqlen, num_head
     layer, in the same order, so the same result bit for bit. ``ids``, ``pos``,
     ``types``: packed int64 ids (``types`` None where the model has no token-type
     table); ``embedding`` and ``layers``: the operands the cpu encoder runner made
-    for them (``cpu_encoder.ForwardOperands``)."""
+    for them (``CpuEncoder._forward_operands``: a tuple, ``cpu_encoder.LayerOperands``)."""
     cu, n, sc = cu_seqlens.contiguous(), int(max_seqlen), float(scale)
     if layers.splits is not None:
         return _kernels.encoder_forward_int8(
