@@ -335,7 +335,16 @@ Tensor encoder_layer(const Tensor& h, const Tensor& cu_seqlens, int64_t max_seql
   });
 }
 
-// encoder_layer for a model loaded with quantize="int8" (its attention in fp32): each
+// `y` (fp32) as a new tensor of `dtype`, rounded by torch's own cast (aten::copy_), so
+// a composite step equals the op-by-op path's `y.to(dtype)` bit for bit.
+Tensor cast(const Tensor& y, ScalarType dtype) {
+  Tensor out = empty(shape_of(y), y, dtype);
+  torch::stable::copy_(out, y);
+  return out;
+}
+
+// encoder_layer for a model loaded with quantize="int8" (its attention in fp32, or on
+// bf16 copies of Q, K, V when attention_bf16, as quant.attention_dtype says): each
 // linear layer is qlinear on the layer's int8 weight (packed, colsum, w_scale as
 // qgemm_pack and the model made them; bit g of `split` is GEMM g's split flag, the
 // GEMMs in the order QKV, attention output, FFN in, FFN out). The ops and their order
@@ -350,7 +359,7 @@ Tensor encoder_layer_int8(
     const OptTensor& ffn_in_bias, const std::optional<std::string>& activation,
     const Tensor& ffn_out, const Tensor& ffn_out_colsum, const Tensor& ffn_out_scale,
     const OptTensor& ffn_out_bias, const Tensor& ffn_ln_weight, const Tensor& ffn_ln_bias,
-    double eps, int64_t split) {
+    double eps, int64_t split, bool attention_bf16) {
   Op op = cpu_op("encoder_layer_int8");
   op.tensor(h, "h", ScalarType::Float);
   op.dims(h, "h", 2);
@@ -362,7 +371,9 @@ Tensor encoder_layer_int8(
     return cpu_qlinear(h, qkv, qkv_colsum, qkv_scale, qkv_bias, none, none, split_of(0));
   });
   const Tensor ctx = step(op, "attention", [&] {
-    return attention_varlen(y, cu_seqlens, max_seqlen, num_heads, scale);
+    if (!attention_bf16) return attention_varlen(y, cu_seqlens, max_seqlen, num_heads, scale);
+    const Tensor y16 = cast(y, ScalarType::BFloat16);
+    return cast(attention_varlen(y16, cu_seqlens, max_seqlen, num_heads, scale), ScalarType::Float);
   });
   Tensor a = step(op, "attention output projection", [&] {
     return cpu_qlinear(ctx, attn_out, attn_out_colsum, attn_out_scale, std::nullopt, none, none,
@@ -470,7 +481,7 @@ Tensor encoder_forward(const Tensor& input_ids, const Tensor& position_ids,
 // encoder_forward for a model loaded with quantize="int8": encoder_layer_int8 per
 // layer. `gemms`: 12 tensors a layer (packed, colsum, w_scale of QKV, attention
 // output, FFN in, FFN out), `splits`: each layer's 4-bit split mask; the embedding
-// projection stays fp32 (its panels).
+// projection stays fp32 (its panels); attention_bf16 as encoder_layer_int8's.
 Tensor encoder_forward_int8(const Tensor& input_ids, const Tensor& position_ids,
                             const OptTensor& token_type_ids, const Tensor& word, const Tensor& pos,
                             const OptTensor& types, const Tensor& emb_ln_weight,
@@ -479,7 +490,8 @@ Tensor encoder_forward_int8(const Tensor& input_ids, const Tensor& position_ids,
                             int64_t max_seqlen, int64_t num_heads, double scale,
                             const std::vector<Tensor>& gemms, const std::vector<OptTensor>& biases,
                             const std::vector<Tensor>& norms, const std::vector<int64_t>& splits,
-                            const std::optional<std::string>& activation, double eps) {
+                            const std::optional<std::string>& activation, double eps,
+                            bool attention_bf16) {
   Op op = cpu_op("encoder_forward_int8");
   const int64_t layers = forward_layers(op, gemms, 12, biases, norms);
   if (static_cast<int64_t>(splits.size()) != layers)
@@ -497,7 +509,7 @@ Tensor encoder_forward_int8(const Tensor& input_ids, const Tensor& position_ids,
                                 biases[b + 1], norms[b], norms[b + 1], gemms[g + 6], gemms[g + 7],
                                 gemms[g + 8], biases[b + 2], activation, gemms[g + 9],
                                 gemms[g + 10], gemms[g + 11], biases[b + 3], norms[b + 2],
-                                norms[b + 3], eps, splits[i]);
+                                norms[b + 3], eps, splits[i], attention_bf16);
     });
   }
   return h;
@@ -555,7 +567,8 @@ STABLE_TORCH_LIBRARY(bertfast_cpu, m) {
       "int intermediate, str? activation, Tensor ffn_out, Tensor? ffn_out_bias, "
       "Tensor ffn_ln_weight, Tensor ffn_ln_bias, float eps, bool allow_avx512=True) -> Tensor");
   // encoder_layer with int8 linear layers (qlinear's packed, colsum, w_scale each;
-  // split: a 4-bit mask of the GEMMs' split flags), attention in fp32.
+  // split: a 4-bit mask of the GEMMs' split flags), attention in fp32 or, when
+  // attention_bf16, on Q, K, V cast to bf16 (the output cast back to fp32).
   m.def(
       "encoder_layer_int8(Tensor h, Tensor cu_seqlens, int max_seqlen, int num_heads, "
       "float scale, Tensor qkv, Tensor qkv_colsum, Tensor qkv_scale, Tensor? qkv_bias, "
@@ -563,7 +576,8 @@ STABLE_TORCH_LIBRARY(bertfast_cpu, m) {
       "Tensor attn_ln_weight, Tensor attn_ln_bias, Tensor ffn_in, Tensor ffn_in_colsum, "
       "Tensor ffn_in_scale, Tensor? ffn_in_bias, str? activation, Tensor ffn_out, "
       "Tensor ffn_out_colsum, Tensor ffn_out_scale, Tensor? ffn_out_bias, "
-      "Tensor ffn_ln_weight, Tensor ffn_ln_bias, float eps, int split) -> Tensor");
+      "Tensor ffn_ln_weight, Tensor ffn_ln_bias, float eps, int split, "
+      "bool attention_bf16=False) -> Tensor");
   // The embeddings (embed_layernorm, then the projection's panels when given) and
   // every encoder layer (encoder_layer; gemms, biases, norms: 4 a layer) in one call.
   m.def(
@@ -578,7 +592,7 @@ STABLE_TORCH_LIBRARY(bertfast_cpu, m) {
       "Tensor word, Tensor pos, Tensor? types, Tensor emb_ln_weight, Tensor emb_ln_bias, "
       "Tensor? project, Tensor? project_bias, int hidden, Tensor cu_seqlens, int max_seqlen, "
       "int num_heads, float scale, Tensor[] gemms, Tensor?[] biases, Tensor[] norms, "
-      "int[] splits, str? activation, float eps) -> Tensor");
+      "int[] splits, str? activation, float eps, bool attention_bf16=False) -> Tensor");
 }
 
 // CompositeExplicitAutograd: every device reaches the entry point, whose own check

@@ -114,11 +114,16 @@ def linear_gelu(x, weight, bias, act):
 FUSED_LAYER = True
 
 
-def encoder_layer(h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, ln, act, eps):
+def encoder_layer(
+    h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, ln, act, eps,
+    attention_dtype=None,
+):  # fmt: skip
     """One encoder layer of packed tokens ``h`` ``[T, H]`` in one native call (no
     Python between its ops), or None where it does not apply: ``FUSED_LAYER`` off, or
     a GEMM weight not on the C++ GEMM at ``T`` rows (``cpu_weights.layer_panels``).
-    int8 weights (``quantize="int8"``) take ``quant.encoder_layer``.
+    int8 weights (``quantize="int8"``) take ``quant.encoder_layer``, attention in
+    ``attention_dtype`` (None: fp32; ``torch.bfloat16``: ``quant.attention_dtype``'s
+    choice); fp32 weights take attention in fp32 only (None otherwise).
 
     ``weights``/``biases``: QKV, attention output, FFN in, FFN out (biases may be
     None); ``ln``: attention LayerNorm weight, bias, FFN LayerNorm weight, bias. The
@@ -126,10 +131,13 @@ def encoder_layer(h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, 
     bit for bit (``tests/ops/test_cpu_encoder_layer.py``)."""
     if not FUSED_LAYER:
         return None
+    bf16 = _attention_bf16(attention_dtype)
     if _quant is not None and _quant.is_quantized(weights[0]):
         return _quant.encoder_layer(
-            h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, ln, act, eps
+            h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, ln, act, eps, bf16
         )
+    if bf16:
+        return None
     panels = _weights.layer_panels(weights, h.shape[0])
     if panels is None:
         return None
@@ -142,26 +150,46 @@ def encoder_layer(h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, 
     )  # fmt: skip
 
 
+def _attention_bf16(attention_dtype) -> bool:
+    """Whether an int8 layer's attention runs on bf16 copies of Q, K, V:
+    ``attention_dtype`` None (fp32) or ``torch.bfloat16``; ValueError otherwise."""
+    if attention_dtype is None:
+        return False
+    if attention_dtype == torch.bfloat16:
+        return True
+    raise ValueError(
+        f"attention_dtype must be None (fp32) or torch.bfloat16, not {attention_dtype!r}"
+    )
+
+
 #: Whether a model's few-rows forward runs its embeddings and every layer as one
 #: native call (``encoder_forward``); False: one call per layer (``encoder_layer``),
 #: the same kernels, the same result (for A/B runs).
 FUSED_FORWARD = True
 
 
-def encoder_forward(ids, pos, types, embedding, cu_seqlens, max_seqlen, num_heads, scale, layers):
+def encoder_forward(
+    ids, pos, types, embedding, cu_seqlens, max_seqlen, num_heads, scale, layers,
+    attention_dtype=None,
+):  # fmt: skip
     """The embeddings and every encoder layer of packed tokens in one native call
     (``_C.cpu.encoder_forward``, or ``encoder_forward_int8`` for int8 weights): the
     kernels of ``embed_layernorm`` (+ the projection) and of :func:`encoder_layer` per
     layer, in the same order, so the same result bit for bit. ``ids``, ``pos``,
     ``types``: packed int64 ids (``types`` None where the model has no token-type
     table); ``embedding`` and ``layers``: the operands the cpu encoder runner made
-    for them (``CpuEncoder._forward_operands``: a tuple, ``cpu_encoder.LayerOperands``)."""
+    for them (``CpuEncoder._forward_operands``: a tuple, ``cpu_encoder.LayerOperands``);
+    ``attention_dtype``: int8 weights' attention dtype (None: fp32, or
+    ``torch.bfloat16``); fp32 weights take None only (ValueError)."""
     cu, n, sc = cu_seqlens.contiguous(), int(max_seqlen), float(scale)
+    bf16 = _attention_bf16(attention_dtype)
     if layers.splits is not None:
         return _kernels.encoder_forward_int8(
             ids, pos, types, *embedding, cu, n, int(num_heads), sc, layers.gemms,
-            layers.biases, layers.norms, layers.splits, layers.act, layers.eps,
+            layers.biases, layers.norms, layers.splits, layers.act, layers.eps, bf16,
         )  # fmt: skip
+    if bf16:
+        raise ValueError("encoder_forward: attention in bfloat16 is for int8 weights only")
     return _kernels.encoder_forward(
         ids, pos, types, *embedding, cu, n, int(num_heads), sc, layers.gemms, layers.biases,
         layers.norms, layers.intermediate, layers.act, layers.eps, True,

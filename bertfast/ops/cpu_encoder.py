@@ -221,18 +221,22 @@ class CpuEncoder:
         """The embeddings and every encoder layer of packed tokens in one native call
         (``cpu.encoder_forward``): the same kernels in the same order as :meth:`embed`
         then :meth:`layers`, so the same result bit for bit. None where a layer would
-        not run as one call (see :meth:`_forward_operands`), attention runs in
-        another dtype, or ``cpu.FUSED_FORWARD`` / ``cpu.FUSED_LAYER`` is off."""
-        if attention_dtype is not None or not (_cpu.FUSED_FORWARD and _cpu.FUSED_LAYER):
+        not run as one call (see :meth:`_forward_operands`), fp32 weights' attention
+        would run in another dtype, or ``cpu.FUSED_FORWARD`` / ``cpu.FUSED_LAYER`` is
+        off. int8 weights' attention runs in ``attention_dtype`` (None: fp32, or bf16)."""
+        if not (_cpu.FUSED_FORWARD and _cpu.FUSED_LAYER):
             return None
         operands = self._forward_operands(ids.shape[0], info.seqlen if info.dense else None)
         if operands is None:
             return None
         embedding, layers = operands
+        if attention_dtype is not None and layers.splits is None:
+            return None
         cfg = self.config
         return _cpu.encoder_forward(
             ids, pos, types if embedding[2] is not None else None, embedding,
             info.cu_seqlens, info.max_seqlen, cfg.num_heads, cfg.head_dim**-0.5, layers,
+            attention_dtype,
         )  # fmt: skip
 
     def embed(self, ids, pos, types):
@@ -330,9 +334,10 @@ class CpuEncoder:
             spare = h if states is None else None
             return out
 
-        # Few rows (every GEMM on the C++ GEMM, one block, fp32 attention): one native
-        # call per layer, the same kernels in the same order (cpu.encoder_layer).
-        whole = ad is None and len(attn_blocks) == 1 and len(blocks) == 1
+        # Few rows (every GEMM on the C++ GEMM, or int8, in one block): one native call
+        # per layer, the same kernels in the same order (cpu.encoder_layer; None for
+        # fp32 weights with attention in another dtype).
+        whole = len(attn_blocks) == 1 and len(blocks) == 1
 
         def native_layer(L, x):
             p = [L[n]._parameters for n in GEMMS]
@@ -340,7 +345,7 @@ class CpuEncoder:
             return _cpu.encoder_layer(
                 x, cu, max_len, nh, scale,
                 [q["weight"] for q in p], [q["bias"] for q in p],
-                (l1["weight"], l1["bias"], l2["weight"], l2["bias"]), act, eps,
+                (l1["weight"], l1["bias"], l2["weight"], l2["bias"]), act, eps, ad,
             )  # fmt: skip
 
         for idx in schedule:

@@ -270,10 +270,14 @@ def gemm_operands(weights, biases):
     return tensors, fp32, sum(1 << g for g, w in enumerate(weights) if w._split)
 
 
-def encoder_layer(h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, ln, act, eps):
+def encoder_layer(
+    h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, ln, act, eps,
+    attention_bf16=False,
+):  # fmt: skip
     """``cpu.encoder_layer`` for int8 weights: one encoder layer of packed tokens ``h``
     in one native call (``_C.cpu.encoder_layer_int8``: each linear layer is
-    :func:`linear`'s kernel, attention in fp32), or None where a GEMM weight is not a
+    :func:`linear`'s kernel, attention in fp32, or on bf16 copies of Q, K, V when
+    ``attention_bf16``), or None where a GEMM weight is not a
     :class:`QuantizedWeight`. The same kernels in the same order as the op-by-op
     layer, so the same result bit for bit (``tests/ops/test_cpu_encoder_layer.py``)."""
     operands = gemm_operands(weights, biases)
@@ -285,6 +289,7 @@ def encoder_layer(h, cu_seqlens, max_seqlen, num_heads, scale, weights, biases, 
         h, cu_seqlens.contiguous(), int(max_seqlen), int(num_heads), float(scale),
         *t[0:3], b[0], *t[3:6], b[1], c(ln[0]), c(ln[1]), *t[6:9], b[2], act,
         *t[9:12], b[3], c(ln[2]), c(ln[3]), float(eps), split,
+        bool(attention_bf16),
     )  # fmt: skip
 
 

@@ -74,13 +74,14 @@ def test_one_call_equals_layer_calls_and_transformers(family, lengths, zoo, monk
     assert (got[real] - ref[real]).abs().max().item() <= ATOL
 
 
+@pytest.mark.parametrize("attention", ["fp32", "bf16"])
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("lengths", [[1], [7, 3], [30, 1, 17, 9]])
-def test_int8_one_call_equals_layer_calls(family, lengths, zoo, monkeypatch):  # noqa: F811
-    """int8 weights with fp32 attention: ``_C.cpu.encoder_forward_int8``, equal bit for
-    bit to a call per layer and op by op, and near transformers (the int8 contract
-    itself is tests/test_accuracy_contract.py)."""
-    monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", "fp32")
+def test_int8_one_call_equals_layer_calls(family, lengths, attention, zoo, monkeypatch):  # noqa: F811
+    """int8 weights with attention in fp32 or bf16: ``_C.cpu.encoder_forward_int8``,
+    equal bit for bit to a call per layer and op by op, and near transformers (the
+    int8 contract itself is tests/test_accuracy_contract.py)."""
+    monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", attention)
     hf, folder = zoo[family]
     model = bertfast.from_pretrained(folder, backend="cpu", quantize="int8")
     ids, mask = _batch(lengths, hf.config.vocab_size)
@@ -125,20 +126,17 @@ def test_not_taken_with_hidden_states(zoo, monkeypatch):  # noqa: F811
     assert count.ran == 1
 
 
-@pytest.mark.parametrize("kind", ["bf16", "plain", "int8 bf16 attention", "onednn rows"])
+@pytest.mark.parametrize("kind", ["bf16", "plain", "onednn rows"])
 def test_declined_off_the_cpp_gemm(kind, zoo, monkeypatch):  # noqa: F811
-    """bf16 weights, weights the model does not own packed (``optimize()``), int8 with
-    bf16 attention, and rows oneDNN runs: considered, declined, and the forward is
-    the model's layer by layer."""
+    """bf16 weights, weights the model does not own packed (``optimize()``), and rows
+    oneDNN runs: considered, declined, and the forward is the model's layer by
+    layer."""
     hf, folder = zoo["onednn" if kind == "onednn rows" else "bert"]
     lengths = [5, 3]
     if kind == "bf16":
         model = bertfast.from_pretrained(folder, backend="cpu", dtype=torch.bfloat16)
     elif kind == "plain":
         model = bertfast.optimize(hf, backend="cpu")
-    elif kind == "int8 bf16 attention":
-        monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", "bf16")
-        model = bertfast.from_pretrained(folder, backend="cpu", quantize="int8")
     else:
         if not cpu_weights.ONEDNN:
             pytest.skip("torch has no oneDNN")

@@ -6,8 +6,8 @@ each layer in one call instead of seven.
 References: the same model op by op (``cpu.FUSED_LAYER = False``: the same kernels,
 so equal bit for bit) and transformers (parity), for every architecture the
 encoder loop handles differently, in fp32 and with int8 weights (``quantize="int8"``,
-``_C.cpu.encoder_layer_int8``, at any row count); then where the call must not be
-taken (rows on oneDNN, bf16, int8 with bf16 attention), and the binding's checks on
+``_C.cpu.encoder_layer_int8``, at any row count, attention in fp32 or bf16); then
+where the call must not be taken (rows on oneDNN, bf16), and the binding's checks on
 what it is given.
 """
 
@@ -149,14 +149,16 @@ def test_not_taken_where_a_gemm_runs_on_onednn(zoo, monkeypatch):
     assert (out - ref).abs().max().item() <= ATOL
 
 
+@pytest.mark.parametrize("attention", ["fp32", "bf16"])
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("lengths", [[1], [7, 3], [14, 1, 9, 5], [30, 1, 17, 9]])
-def test_int8_native_layer_equals_op_by_op(family, lengths, zoo, monkeypatch):
-    """int8 weights (``quantize="int8"``) with fp32 attention: one native call per layer
+def test_int8_native_layer_equals_op_by_op(family, lengths, attention, zoo, monkeypatch):
+    """int8 weights (``quantize="int8"``) with attention in fp32 or bf16
+    (``BERTFAST_CPU_INT8_ATTENTION``): one native call per layer
     (``quant.encoder_layer``, ``_C.cpu.encoder_layer_int8``) at every row count, equal
     bit for bit to the same model op by op, and within the int8 contract of
     transformers (the accuracy contract itself is tests/test_accuracy_contract.py)."""
-    monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", "fp32")
+    monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", attention)
     hf, folder = zoo[family]
     model = bertfast.from_pretrained(folder, backend="cpu", quantize="int8")
     fused, ref, real = _layer_call_equals_op_by_op(model, hf, lengths, monkeypatch)
@@ -164,22 +166,21 @@ def test_int8_native_layer_equals_op_by_op(family, lengths, zoo, monkeypatch):
     assert cos.min().item() > 0.95
 
 
-def test_int8_with_bf16_attention_goes_op_by_op(zoo, monkeypatch):
+def test_int8_layer_call_runs_attention_in_bf16(zoo, monkeypatch):
     """int8 attention in bf16 (``BERTFAST_CPU_INT8_ATTENTION``; the default where the
-    CPU has native bf16) is not in the int8 layer call: the layer runs op by op."""
-    monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", "bf16")
-    hf, folder = zoo["bert"]
-    model = bertfast.from_pretrained(folder, backend="cpu", quantize="int8")
-    ids, mask = _batch([5, 3], hf.config.vocab_size)
-    count = Count(monkeypatch)
-    out = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    assert count.ran == 0 and count.declined == 0
-    monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", "fp32")  # read at load
-    model = bertfast.from_pretrained(folder, backend="cpu", quantize="int8")
+    CPU has native bf16) runs inside the int8 layer call: the result is not the one
+    fp32 attention gives, and is the one the op-by-op bf16 path gives."""
     monkeypatch.setattr(cpu_ops, "FUSED_FORWARD", False)  # a call per layer, not one in all
-    fp32_attention = model(input_ids=ids, attention_mask=mask).last_hidden_state
-    assert count.ran == hf.config.num_hidden_layers
-    assert not torch.equal(out, fp32_attention)  # bf16 attention did run
+    hf, folder = zoo["bert"]
+    ids, mask = _batch([5, 3], hf.config.vocab_size)
+    out = {}
+    for attention in ("bf16", "fp32"):
+        monkeypatch.setenv("BERTFAST_CPU_INT8_ATTENTION", attention)  # read at load
+        model = bertfast.from_pretrained(folder, backend="cpu", quantize="int8")
+        count = Count(monkeypatch)
+        out[attention] = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert count.ran == hf.config.num_hidden_layers and count.declined == 0
+    assert not torch.equal(out["bf16"], out["fp32"])  # bf16 attention did run
 
 
 @pytest.mark.parametrize("kind", ["bf16", "plain"])

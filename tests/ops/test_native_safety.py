@@ -678,6 +678,7 @@ def _layer_int8_args(**over):
         ffn_in=ffn_in[0], ffn_in_c=ffn_in[1], ffn_in_s=ffn_in[2], ffn_in_b=torch.randn(I),
         act="gelu", ffn_out=ffn_out[0], ffn_out_c=ffn_out[1], ffn_out_s=ffn_out[2],
         ffn_out_b=torch.randn(H), ln2_w=torch.ones(H), ln2_b=torch.zeros(H), eps=1e-12, split=1,
+        attention_bf16=False,
     )  # fmt: skip
     args.update(over)
     return args
@@ -1022,16 +1023,27 @@ def test_encoder_layer_is_its_steps():
     assert torch.equal(got, want)
 
 
+def _attend(y, a, bf16):
+    """attention_varlen on fp32 QKV ``y``, or (``bf16``) on ``y.to(bfloat16)`` with
+    the output cast back to fp32, as the int8 layer's op-by-op path runs it."""
+    if not bf16:
+        return cpu.attention_varlen(y, a["cu"], a["max_len"], a["heads"], a["scale"])
+    ctx = cpu.attention_varlen(y.to(torch.bfloat16), a["cu"], a["max_len"], a["heads"], a["scale"])
+    return ctx.to(torch.float32)
+
+
 @pytest.mark.skipif(not hasattr(cpu, "encoder_layer_int8"), reason="a build without int8")
+@pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("split", [0, 1, 0b1010, 15])
-def test_encoder_layer_int8_is_its_steps(split):
+def test_encoder_layer_int8_is_its_steps(split, bf16):
     """A valid encoder_layer_int8 call (run under the sanitizers too) equals its steps:
-    qlinear (each GEMM's split flag from its bit), attention_varlen, add_layernorm."""
-    a = _layer_int8_args(split=split)
+    qlinear (each GEMM's split flag from its bit), attention_varlen (on bf16 casts of
+    Q, K, V when attention_bf16), add_layernorm."""
+    a = _layer_int8_args(split=split, attention_bf16=bf16)
     got = _call(cpu.encoder_layer_int8, a)
     bit = [bool(split >> g & 1) for g in range(4)]
     y = cpu.qlinear(a["h"], a["qkv"], a["qkv_c"], a["qkv_s"], a["qkv_b"], None, None, bit[0])
-    ctx = cpu.attention_varlen(y, a["cu"], a["max_len"], a["heads"], a["scale"])
+    ctx = _attend(y, a, bf16)
     x = cpu.qlinear(ctx, a["proj"], a["proj_c"], a["proj_s"], None, None, None, bit[1])
     h1 = cpu.add_layernorm(x, a["h"], a["proj_b"], a["ln1_w"], a["ln1_b"], a["eps"])
     f = cpu.qlinear(
@@ -1042,6 +1054,8 @@ def test_encoder_layer_int8_is_its_steps(split):
     assert torch.equal(got, want)
     if split:  # the mask reaches the GEMMs: a split GEMM's activations carry more bits
         assert not torch.equal(got, _call(cpu.encoder_layer_int8, dict(a, split=0)))
+    # the flag reaches attention: bf16 casts of Q, K, V change the result
+    assert not torch.equal(got, _call(cpu.encoder_layer_int8, dict(a, attention_bf16=not bf16)))
 
 
 def _forward_steps(a, int8):
@@ -1060,7 +1074,7 @@ def _forward_steps(a, int8):
         if int8:
             h = cpu.encoder_layer_int8(
                 *common, *g[0:3], b[0], *g[3:6], b[1], n[0], n[1], *g[6:9], b[2], a["act"],
-                *g[9:12], b[3], n[2], n[3], a["eps"], a["splits"][i],
+                *g[9:12], b[3], n[2], n[3], a["eps"], a["splits"][i], a["attention_bf16"],
             )  # fmt: skip
         else:
             h = cpu.encoder_layer(
@@ -1071,7 +1085,7 @@ def _forward_steps(a, int8):
 
 
 @pytest.mark.parametrize("project", [False, True])
-@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("int8", [False, True, "bf16 attention"])
 def test_encoder_forward_is_its_steps(project, int8):
     """A valid encoder_forward / encoder_forward_int8 call (run under the sanitizers
     too) equals its steps called one by one, bit for bit; the layers are applied in
@@ -1079,7 +1093,9 @@ def test_encoder_forward_is_its_steps(project, int8):
     if int8 and not hasattr(cpu, "encoder_forward_int8"):  # pragma: no cover
         pytest.skip("a build without int8")
     fn = cpu.encoder_forward_int8 if int8 else cpu.encoder_forward
-    a = _forward_args(project=project, int8=int8)
+    a = _forward_args(project=project, int8=bool(int8))
+    if int8:
+        a["attention_bf16"] = int8 == "bf16 attention"
     got = _call(fn, a)
     assert got.shape == (3, 8)
     assert torch.equal(got, _forward_steps(a, int8))
