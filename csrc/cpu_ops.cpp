@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "binding.h"
+#include "cpu_bf16_ops.h"
 #include "cpu_int8_ops.h"
 
 #include "cpu/kernels.h"
@@ -290,13 +291,23 @@ Tensor step(const Op& op, const char* name, F&& run) {
   }
 }
 
+// A composite's linear step on packed panels: fp32 h on linear_packed's panels, bf16 h
+// on blinear's (bgemm_pack's; kernels/cpu/bgemm.h). Any other dtype is named by
+// linear_packed's check.
+Tensor packed_linear(const Tensor& h, const Tensor& packed, const OptTensor& bias, int64_t N,
+                     const std::optional<std::string>& activation, bool allow_avx512) {
+  if (h.scalar_type() == ScalarType::BFloat16) return cpu_blinear(h, packed, bias, N, activation);
+  return linear_packed(h, packed, bias, N, activation, allow_avx512);
+}
+
 // One encoder layer in one call, for rows every GEMM runs on the C++ GEMM (the model's
 // few-rows path: no Python between the ops). The ops and their order are the model's
 // layer (bertfast/model.py, _layers_direct), each through its entry point above, so
 // every size is checked as there and the result is the same bit for bit:
 //   h1 = LayerNorm(proj(attention(qkv(h))) + proj_bias + h)
 //   h2 = LayerNorm(ffn_out(act(ffn_in(h1))) + ffn_out_bias + h1)
-// The weights are packed for linear_packed (allow_avx512 as the model packed them).
+// The weights are packed for linear_packed (allow_avx512 as the model packed them);
+// for a bf16 h (a bf16 model), for blinear (allow_avx512 unused), every step in bf16.
 Tensor encoder_layer(const Tensor& h, const Tensor& cu_seqlens, int64_t max_seqlen,
                      int64_t num_heads, double scale, const Tensor& qkv, const OptTensor& qkv_bias,
                      const Tensor& attn_out, const OptTensor& attn_out_bias,
@@ -306,29 +317,29 @@ Tensor encoder_layer(const Tensor& h, const Tensor& cu_seqlens, int64_t max_seql
                      const OptTensor& ffn_out_bias, const Tensor& ffn_ln_weight,
                      const Tensor& ffn_ln_bias, double eps, bool allow_avx512) {
   Op op = cpu_op("encoder_layer");
-  op.tensor(h, "h", ScalarType::Float);
+  if (h.scalar_type() != ScalarType::BFloat16) op.tensor(h, "h", ScalarType::Float);
   op.dims(h, "h", 2);
   if (intermediate < 0)
     op.value_error("intermediate must be >= 0, got " + std::to_string(intermediate));
   const int64_t H = h.size(1);
   const Tensor y = step(op, "QKV projection", [&] {
-    return linear_packed(h, qkv, qkv_bias, 3 * H, std::nullopt, allow_avx512);
+    return packed_linear(h, qkv, qkv_bias, 3 * H, std::nullopt, allow_avx512);
   });
   const Tensor ctx = step(op, "attention", [&] {
     return attention_varlen(y, cu_seqlens, max_seqlen, num_heads, scale);
   });
   Tensor a = step(op, "attention output projection", [&] {
-    return linear_packed(ctx, attn_out, std::nullopt, H, std::nullopt, allow_avx512);
+    return packed_linear(ctx, attn_out, std::nullopt, H, std::nullopt, allow_avx512);
   });
   // LayerNorm rows are read whole before written: each writes over its GEMM's output.
   const Tensor h1 = step(op, "attention LayerNorm", [&] {
     return add_layernorm(a, h, attn_out_bias, attn_ln_weight, attn_ln_bias, eps, OptTensor(a));
   });
   const Tensor f = step(op, "FFN in", [&] {
-    return linear_packed(h1, ffn_in, ffn_in_bias, intermediate, activation, allow_avx512);
+    return packed_linear(h1, ffn_in, ffn_in_bias, intermediate, activation, allow_avx512);
   });
   Tensor o = step(op, "FFN out", [&] {
-    return linear_packed(f, ffn_out, std::nullopt, H, std::nullopt, allow_avx512);
+    return packed_linear(f, ffn_out, std::nullopt, H, std::nullopt, allow_avx512);
   });
   return step(op, "FFN LayerNorm", [&] {
     return add_layernorm(o, h1, ffn_out_bias, ffn_ln_weight, ffn_ln_bias, eps, OptTensor(o));
@@ -418,7 +429,7 @@ Tensor embed_project(Op& op, const Tensor& input_ids, const Tensor& position_ids
     return e;
   }
   return step(op, "embedding projection", [&] {
-    return linear_packed(e, *project, project_bias, hidden, std::nullopt, allow_avx512);
+    return packed_linear(e, *project, project_bias, hidden, std::nullopt, allow_avx512);
   });
 }
 

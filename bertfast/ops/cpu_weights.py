@@ -9,19 +9,23 @@ Two GEMMs run ``cpu.linear`` on CPU (``BERTFAST_CPU_GEMM`` picks; see ``ROUTE``)
   where the CPU has native bf16 dot products (``avx512_bf16`` / ``amx_bf16``:
   AMX tiles or ``vdpbf16ps``, fp32 accumulation).
 - ``own``: the C++ GEMM of kernels/cpu/gemm.cpp on panels ``[N / NR][K][NR]``
-  (fp32 only; the default without oneDNN).
+  (fp32; the default without oneDNN), and for bf16 the C++ bf16 GEMM of
+  kernels/cpu/bgemm.cpp on k-pair panels ``[N / 32][K / 2][32][2]`` (AMX tiles, or a
+  portable fp32 kernel).
 - ``torch``: every GEMM on ``F.linear`` / ``torch.matmul``, weights kept plain.
 
 In fp32 the own kernel is ahead below ~128 rows, oneDNN above; in bf16 oneDNN is
 ahead of ``F.linear`` (per-call times on the Intel Xeon AMX VM:
-``benchmarks/results/cpu-intel-xeon-amx-2t/notes.md``, "GEMM routes (cpu_weights)").
+``benchmarks/results/cpu-intel-xeon-amx-2t/notes.md``, "GEMM routes (cpu_weights)"),
+and the C++ bf16 GEMM on AMX ahead of oneDNN up to ``BF16_SMALL_ROWS`` rows.
 A weight is kept in one form only (memory, below). oneDNN's fp32 weight layout on
 AVX-512 is the own kernel's panels, 64 wide (``[N / 64][K][64]``), so ``auto`` keeps
 the oneDNN form and runs up to ``SMALL_ROWS`` rows on the own kernel reading that
 buffer in place (its few-rows kernel prefetches the weight as it streams it from
 memory; the layout is checked bit for bit per weight at load; elsewhere oneDNN runs
 every row count: never behind ``F.linear``, the same vendor GEMM without its
-per-call weight reorder). ``benchmarks/test_bench_kernels.py`` times every model
+per-call weight reorder). On AMX machines oneDNN's bf16 layout is the C++ bf16 GEMM's
+k-pair panels, so bf16 runs up to ``BF16_SMALL_ROWS`` rows on AMX the same way. ``benchmarks/test_bench_kernels.py`` times every model
 shape on the chosen route against ``F.linear``,
 ``benchmarks/experiments/few_rows_stream.py`` a forward's GEMMs in sequence at few rows.
 
@@ -159,7 +163,13 @@ def storage_for(dtype: torch.dtype, route: str | None = None) -> str | None:
         return "onednn"
     if route in ("own", "onednn") and dtype == torch.float32 and _kernels is not None:
         return "own"
+    if route in ("own", "onednn") and dtype == torch.bfloat16 and _has_bgemm():
+        return "own"  # "onednn" here: oneDNN cannot take it (see pack_owned)
     return None
+
+
+def _has_bgemm() -> bool:
+    return _kernels is not None and hasattr(_kernels, "bgemm_pack")
 
 
 def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
@@ -167,10 +177,12 @@ def packed_for_call(weight: Tensor, rows: int) -> Tensor | None:
     None for torch's. Never cached: a plain weight is read at every call."""
     if isinstance(weight, PackedWeight):
         if weight._panels is not None and (
-            not weight._packed.is_mkldnn or rows <= SMALL_ROWS or onednn_rows(rows) != rows
+            not weight._packed.is_mkldnn
+            or rows <= small_rows(weight.dtype)
+            or (onednn_rows(rows) != rows and weight.dtype == torch.float32)
         ):
             # the C++ GEMM (on oneDNN's buffer where oneDNN holds it): few rows, or
-            # a row count oneDNN is not given (see ``onednn_rows``)
+            # an fp32 row count oneDNN is not given (see ``onednn_rows``)
             return weight._panels
         return weight._packed
     if (
@@ -324,18 +336,57 @@ def layer_blocks(tokens: int, weights, element_size: int, seqlen: int | None = N
 #: ``PackedWeight.of``); another layout just runs oneDNN at every row count.
 _ONEDNN_PANEL = 64
 
+#: oneDNN's bf16 inner-product weight layout on AMX machines: [N / 32][K / 2][32][2]
+#: (k pairs), the C++ bf16 GEMM's panels (``_C.cpu.bgemm_pack``, kernels/cpu/bgemm.h;
+#: K padded to 32). Checked on each weight at load, like the fp32 panels.
+_BF16_PANEL = 32
+
+
+def _bf16_gemm_amx() -> bool:
+    """The C++ bf16 GEMM runs on AMX tiles here (its portable kernel is for tests and
+    CPUs without AMX, where oneDNN is faster)."""
+    try:
+        return _kernels is not None and _kernels.bf16_gemm_isa("auto") == "amx"
+    except (AttributeError, RuntimeError, ValueError):  # a build without the bf16 GEMM
+        return False
+
+
+#: Whether bf16 weights oneDNN holds run few rows on the C++ bf16 GEMM (AMX).
+BF16_PANELS: bool = _bf16_gemm_amx()
+
+#: Rows up to which a bf16 weight oneDNN holds in the C++ bf16 GEMM's panels runs on
+#: that GEMM (reading oneDNN's buffer in place), above on oneDNN. Per GEMM, hot
+#: caches, 2 threads, Intel Xeon (Emerald Rapids) AMX, C++ / oneDNN us: MiniLM QKV
+#: (1152 x 384) 1 row 28 / 38, 16 rows 27 / 45, 64 rows 47 / 55, 96 rows 64 / 63,
+#: 128 rows 86 / 76; BERT-base FFN in (3072 x 768) 16 rows 93 / 122, 64 rows 237 /
+#: 253, 128 rows 411 / 343 (benchmarks/results/cpu-intel-xeon-amx-2t/notes.md).
+BF16_SMALL_ROWS = 64
+
+
+def small_rows(dtype: torch.dtype) -> int:
+    """Rows up to which a weight of ``dtype`` with C++ panels runs on the C++ GEMM."""
+    return BF16_SMALL_ROWS if dtype == torch.bfloat16 else SMALL_ROWS
+
 
 def _onednn_panels(packed: Tensor, N: int, K: int) -> Tensor | None:
-    """oneDNN's buffer of an fp32 weight read as ``[N / 64, K, 64]`` panels: a view of
-    the same memory (valid while ``packed`` lives), or None where its size differs."""
+    """oneDNN's buffer of an fp32 weight read as ``[N / 64, K, 64]`` panels, or of a
+    bf16 weight (where ``BF16_PANELS``) as ``[N / 32, K2, 32, 2]`` (K2: K rounded up
+    to 32, halved): a view of the same memory (valid while ``packed`` lives), or None
+    where its size differs."""
     data_ptr = getattr(torch.ops.mkldnn, "data_ptr", None)
-    P = -(-N // _ONEDNN_PANEL)
-    if data_ptr is None or packed.dtype != torch.float32 or N * K == 0:
+    if data_ptr is None or N * K == 0:
         return None
-    if int(torch.ops.mkldnn._nbytes(packed)) != P * K * _ONEDNN_PANEL * 4:
+    if packed.dtype == torch.float32:
+        shape, ctype = (-(-N // _ONEDNN_PANEL), K, _ONEDNN_PANEL), ctypes.c_float
+    elif packed.dtype == torch.bfloat16 and BF16_PANELS:
+        shape, ctype = (-(-N // _BF16_PANEL), -(-K // 32) * 16, _BF16_PANEL, 2), ctypes.c_uint16
+    else:
         return None
-    buf = (ctypes.c_float * (P * K * _ONEDNN_PANEL)).from_address(int(data_ptr(packed)))
-    return torch.frombuffer(buf, dtype=torch.float32).view(P, K, _ONEDNN_PANEL)
+    numel = shape[0] * shape[1] * shape[2] * (shape[3] if len(shape) == 4 else 1)
+    if int(torch.ops.mkldnn._nbytes(packed)) != numel * packed.element_size():
+        return None
+    buf = (ctype * numel).from_address(int(data_ptr(packed)))
+    return torch.frombuffer(buf, dtype=packed.dtype).view(*shape)
 
 
 #: Activation -> (oneDNN post-op, its algorithm) of ``_linear_pointwise``. ReLU is
@@ -353,7 +404,8 @@ def linear_panels(
 ) -> Tensor:
     """``activation(x @ W.T + bias)`` for W held packed: oneDNN's blocked weight
     (an ``mkldnn`` tensor) on oneDNN with bias + activation as post-ops, own panels
-    on the C++ GEMM with them in its epilogue."""
+    on the C++ GEMM with them in its epilogue (fp32 ``linear_packed``, bf16
+    ``blinear``)."""
     b = None if bias is None else bias.contiguous()
     if packed.is_mkldnn:
         post_op, algorithm = _ONEDNN_POST_OPS[activation]
@@ -366,6 +418,8 @@ def linear_panels(
         out = torch.ops.mkldnn._linear_pointwise(x, packed, b, post_op, [], algorithm)
         out = (out[:M] if rows != M else out).view(*lead, out.shape[-1])
         return out.relu_() if activation == "relu" else out
+    if packed.dtype == torch.bfloat16:
+        return _kernels.blinear(x.contiguous(), packed, b, out_features, activation)
     return _kernels.linear_packed(x.contiguous(), packed, b, out_features, activation, True)
 
 
@@ -388,17 +442,22 @@ def pack_owned(weight: Tensor) -> PackedWeight | None:
     return None if storage is None else PackedWeight.of(weight, storage)
 
 
-def _readable_panels(packed: Tensor, w: Tensor) -> bool:
-    """Whether the C++ GEMM can read oneDNN's ``packed`` form of ``w`` as 64-wide
-    panels: its buffer holds exactly ``w`` in that layout (zero-padded rows)."""
+def _readable_panels(packed: Tensor, w: Tensor) -> int:
+    """The panel width the C++ GEMM can read oneDNN's ``packed`` form of ``w`` at (64
+    for fp32, 32 for bf16), or 0: its buffer must hold exactly ``w`` in that layout
+    (zero-padded), compared bit for bit."""
     if _kernels is None or _ONEDNN_PANEL % panel_width():
-        return False
+        return 0
     view = _onednn_panels(packed, *w.shape)
     if view is None:
-        return False
+        return 0
+    if w.dtype == torch.bfloat16:
+        want = _kernels.bgemm_pack(w)
+        return _BF16_PANEL if torch.equal(view.view(torch.int16), want.view(torch.int16)) else 0
     N, K = w.shape
     rows = torch.nn.functional.pad(w, (0, 0, 0, view.shape[0] * _ONEDNN_PANEL - N))
-    return torch.equal(view, rows.view(-1, _ONEDNN_PANEL, K).transpose(1, 2))
+    same = torch.equal(view, rows.view(-1, _ONEDNN_PANEL, K).transpose(1, 2))
+    return _ONEDNN_PANEL if same else 0
 
 
 _READ_ONLY = (
@@ -410,7 +469,9 @@ _READ_ONLY = (
 
 class PackedWeight(Tensor):
     """A read-only ``[N, K]`` weight stored only in a CPU GEMM's packed form: oneDNN's
-    blocked layout (fp32 or bf16; ``panel_width`` 0) or the C++ GEMM's panels (fp32).
+    blocked layout (fp32 or bf16; ``panel_width``: the C++ GEMM's panel width where it
+    reads that buffer in place, else 0) or the C++ GEMM's panels (fp32: ``[P, K, NR]``;
+    bf16: the bf16 GEMM's k pairs ``[P, K2, 32, 2]``).
 
     ``cpu.linear`` multiplies with the packed form directly; any other torch op sees
     the ``[N, K]`` values (unpacked for that op). Ops that write into it, or into a
@@ -447,9 +508,11 @@ class PackedWeight(Tensor):
             storage = "own"  # oneDNN has no primitive for an empty weight
         if storage == "onednn":
             packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-            return cls(packed, w.shape, _ONEDNN_PANEL if _readable_panels(packed, w) else 0)
+            return cls(packed, w.shape, _readable_panels(packed, w))
         if storage == "own" and w.dtype == torch.float32:
             return cls(pack(w), w.shape, panel_width())
+        if storage == "own" and w.dtype == torch.bfloat16 and _has_bgemm():
+            return cls(_kernels.bgemm_pack(w), w.shape, _BF16_PANEL)
         raise ValueError(f"PackedWeight: no {storage!r} packed form for a {w.dtype} weight")
 
     @property
@@ -461,6 +524,9 @@ class PackedWeight(Tensor):
         if self._packed.is_mkldnn:
             return self._packed.to_dense()
         N, K = self.shape
+        if self._packed.dim() == 4:  # the bf16 GEMM's k-pair panels [P, K2, 32, 2]
+            P, K2, nr, _ = self._packed.shape
+            return self._packed.permute(0, 2, 1, 3).reshape(P * nr, 2 * K2)[:N, :K].clone()
         return unpack(self._packed, N, K, self._nr)
 
     @property

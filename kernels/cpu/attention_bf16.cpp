@@ -17,6 +17,7 @@
 
 #include "cpu/attention_internal.h"
 #include "cpu/common.h"
+#include "cpu/kernels.h"
 
 #ifdef BF_X86
 #include <cpuid.h>
@@ -414,6 +415,9 @@ bool amx_available() {
 }
 
 }  // namespace attn
+
+bool amx_bf16_available() { return attn::amx_available(); }
+
 }  // namespace cpu
 }  // namespace bertfast
 #endif  // BF_X86

@@ -55,6 +55,11 @@ void attention_varlen(int dtype, void* out, const void* qkv, const int32_t* cu_s
                       int64_t batch, int64_t tokens, int64_t num_heads, int64_t hidden, float scale,
                       int num_threads);
 
+// Whether this process may use AMX bf16 tiles: the CPU has them and (Linux only; no
+// AMX elsewhere) the kernel grants the tile state to the process (attention_bf16.cpp;
+// also the bf16 GEMM's, bgemm.cpp).
+bool amx_bf16_available();
+
 // ------------------------------------------------------------------ gemm.cpp
 // fp32: out[M, N] = act(x[M, K] @ weight[N, K]^T + bias); activation
 // kNoActivation = none. linear_pack packs [ceil(N / NR), K, NR] floats, NR =
