@@ -25,8 +25,9 @@ buffer in place (its few-rows kernel prefetches the weight as it streams it from
 memory; the layout is checked bit for bit per weight at load; elsewhere oneDNN runs
 every row count: never behind ``F.linear``, the same vendor GEMM without its
 per-call weight reorder). On AMX machines oneDNN's bf16 layout is the C++ bf16 GEMM's
-k-pair panels, so bf16 runs up to ``BF16_SMALL_ROWS`` rows on AMX the same way. ``benchmarks/test_bench_kernels.py`` times every model
-shape on the chosen route against ``F.linear``,
+k-pair panels, so bf16 runs up to ``BF16_SMALL_ROWS`` rows on AMX the same way.
+``benchmarks/test_bench_kernels.py`` times every model shape on the chosen route
+against ``F.linear``,
 ``benchmarks/experiments/few_rows_stream.py`` a forward's GEMMs in sequence at few rows.
 
 There is no cache of packed copies (a cache keyed on a tensor's identity and
