@@ -164,8 +164,8 @@ def storage_for(dtype: torch.dtype, route: str | None = None) -> str | None:
         return "onednn"
     if route in ("own", "onednn") and dtype == torch.float32 and _kernels is not None:
         return "own"
-    if route in ("own", "onednn") and dtype == torch.bfloat16 and _has_bgemm():
-        return "own"  # "onednn" here: oneDNN cannot take it (see pack_owned)
+    if route == "own" and dtype == torch.bfloat16 and _has_bgemm():
+        return "own"
     return None
 
 
@@ -279,7 +279,8 @@ def layer_rows(rows: int, weights) -> int:
     weights = list(weights)
     if not weights or not all(isinstance(w, PackedWeight) and w._packed.is_mkldnn for w in weights):
         return rows
-    if all(w._panels is None for w in weights):  # each call would pad anyway
+    # each call would pad anyway: no C++ panels, or bf16 (its panels serve few rows only)
+    if all(w._panels is None or w.dtype == torch.bfloat16 for w in weights):
         return padded
     return padded if padded - rows <= LAYER_PAD_FRACTION * rows else rows
 
@@ -427,7 +428,8 @@ def linear_panels(
 #: Largest packed / plain size ratio a model keeps a weight packed for oneDNN at:
 #: oneDNN's blocked layout pads the output rows (to 64 on AVX-512), nothing for the
 #: models' widths (multiples of 64) but +33% for a 96-wide toy layer; such a weight
-#: takes the next form instead (own panels in fp32, plain in bf16).
+#: takes the next form instead (own panels in fp32; in bf16 the bf16 GEMM's panels
+#: where it runs on AMX, else plain).
 MAX_PADDING = 1.05
 
 
@@ -439,7 +441,9 @@ def pack_owned(weight: Tensor) -> PackedWeight | None:
         packed = PackedWeight.of(weight, "onednn")
         if packed.packed_nbytes <= MAX_PADDING * weight.numel() * weight.element_size():
             return packed
-        storage = storage_for(weight.dtype, "own")
+        # fp32: own panels; bf16: plain (torch's GEMM), or the bf16 GEMM's panels on AMX
+        own = weight.dtype == torch.float32 or BF16_PANELS
+        storage = storage_for(weight.dtype, "own") if own else None
     return None if storage is None else PackedWeight.of(weight, storage)
 
 

@@ -2,7 +2,7 @@
 (``CpuEncoder.forward`` -> ``bertfast.ops.cpu.encoder_forward``, bindings
 ``_C.cpu.encoder_forward`` / ``encoder_forward_int8``): where every layer of a forward
 would run as one native call (``tests/ops/test_cpu_encoder_layer.py``), the whole
-encoder runs as one.
+encoder runs as one: fp32 on the C++ GEMM, int8, and bf16 on the C++ bf16 GEMM.
 
 References: the same model with a call per layer (``cpu.FUSED_FORWARD = False``) and
 op by op (``cpu.FUSED_LAYER = False``), the same kernels, so equal bit for bit; and
@@ -23,7 +23,7 @@ from bertfast.ops import cpu_weights
 from bertfast.ops.cpu_encoder import CpuEncoder
 
 from ..test_parity_transformers import ATOL
-from .test_cpu_encoder_layer import FAMILIES, _batch, _on_panels, zoo  # noqa: F401
+from .test_cpu_encoder_layer import FAMILIES, _batch, _bf16_model, _on_panels, zoo  # noqa: F401
 from .test_cpu_encoder_layer import Count as _Count
 
 pytestmark = pytest.mark.skipif(
@@ -93,6 +93,42 @@ def test_int8_one_call_equals_layer_calls(family, lengths, attention, zoo, monke
     assert cos.min().item() > 0.95
 
 
+@pytest.mark.parametrize("route", ["onednn", "own"])
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("lengths", [[1], [7, 3], [30, 1, 17, 9]])
+def test_bf16_one_call_equals_layer_calls(family, lengths, route, zoo, monkeypatch):  # noqa: F811
+    """bf16 weights in the C++ bf16 GEMM's panels (up to ``BF16_SMALL_ROWS`` rows):
+    ``_C.cpu.encoder_forward`` on bf16 tokens (``blinear`` for every GEMM), equal bit
+    for bit to a call per layer and op by op, and near transformers in fp32 (a bf16
+    forward: every token's cosine similarity above 0.999)."""
+    hf, folder = zoo[family]
+    model = _bf16_model(folder, route, monkeypatch)
+    ids, mask = _batch(lengths, hf.config.vocab_size)
+    got = _three_ways(model, ids, mask, monkeypatch)
+    assert got.dtype == torch.bfloat16
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    cos = torch.nn.functional.cosine_similarity(got[real].float(), ref[real], dim=-1)
+    assert cos.min().item() > 0.999
+
+
+def test_bf16_rows_above_the_limit_run_on_onednn(zoo, monkeypatch):  # noqa: F811
+    """Above ``BF16_SMALL_ROWS`` rows a bf16 model's GEMMs run on oneDNN: the one call
+    is considered and declined, and the result is the layer-by-layer one."""
+    hf, folder = zoo["bert"]
+    model = _bf16_model(folder, "onednn", monkeypatch)
+    half = cpu_weights.BF16_SMALL_ROWS // 2 + 8
+    ids, mask = _batch([half, half], hf.config.vocab_size)
+    count = Count(monkeypatch)
+    got = _last(model, ids, mask)
+    assert (count.ran, count.declined) == (0, 1)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+    cos = torch.nn.functional.cosine_similarity(got.flatten(0, 1).float(), ref.flatten(0, 1), dim=-1)
+    assert cos.min().item() > 0.999
+
+
 def test_embedder_lone_query_takes_one_call(monkeypatch):
     """What a served query runs (``Embedder.encode`` -> ``encode_packed``): one call,
     and the vector sentence-transformers' pooling of transformers' output gives."""
@@ -126,15 +162,17 @@ def test_not_taken_with_hidden_states(zoo, monkeypatch):  # noqa: F811
     assert count.ran == 1
 
 
-@pytest.mark.parametrize("kind", ["bf16", "plain", "onednn rows"])
+@pytest.mark.parametrize("kind", ["bf16 without panels", "plain", "onednn rows"])
 def test_declined_off_the_cpp_gemm(kind, zoo, monkeypatch):  # noqa: F811
-    """bf16 weights, weights the model does not own packed (``optimize()``), and rows
-    oneDNN runs: considered, declined, and the forward is the model's layer by
-    layer."""
+    """bf16 weights oneDNN holds in another layout (or with the bf16 GEMM off AMX),
+    weights the model does not own packed (``optimize()``), and rows oneDNN runs:
+    considered, declined, and the forward is the model's layer by layer."""
     hf, folder = zoo["onednn" if kind == "onednn rows" else "bert"]
     lengths = [5, 3]
-    if kind == "bf16":
+    if kind == "bf16 without panels":
+        monkeypatch.setattr(cpu_weights, "BF16_PANELS", False)  # read at load
         model = bertfast.from_pretrained(folder, backend="cpu", dtype=torch.bfloat16)
+        assert model.layers._modules["0"].qkv.weight._panels is None
     elif kind == "plain":
         model = bertfast.optimize(hf, backend="cpu")
     else:

@@ -7,8 +7,9 @@ References: the same model op by op (``cpu.FUSED_LAYER = False``: the same kerne
 so equal bit for bit) and transformers (parity), for every architecture the
 encoder loop handles differently, in fp32 and with int8 weights (``quantize="int8"``,
 ``_C.cpu.encoder_layer_int8``, at any row count, attention in fp32 or bf16); then
-where the call must not be taken (rows on oneDNN, bf16), and the binding's checks on
-what it is given.
+bf16 weights in the C++ bf16 GEMM's panels; then where the call must not be taken
+(rows on oneDNN, bf16 without those panels), and the binding's checks on what it is
+given.
 """
 
 from __future__ import annotations
@@ -79,6 +80,23 @@ def _on_panels(folder, family, monkeypatch):
         monkeypatch.setattr(cpu_weights, "ROUTE", "own")
         model = bertfast.from_pretrained(folder, backend="cpu")
         assert model.layers._modules["0"].qkv.weight._panels is not None
+    return model
+
+
+def _bf16_model(folder, route, monkeypatch):
+    """``folder`` in bf16 with its GEMM weights in the C++ bf16 GEMM's panels:
+    oneDNN's buffer read in place (``route`` "onednn": where that GEMM runs on AMX
+    and oneDNN's layout is its panels) or its own packing ("own": every machine; the
+    portable kernel where the CPU has no AMX)."""
+    if route == "onednn" and not cpu_weights.BF16_PANELS:
+        pytest.skip("the C++ bf16 GEMM runs on AMX only, and this CPU (or OS) has none")
+    if route == "own":
+        monkeypatch.setattr(cpu_weights, "ROUTE", "own")
+    model = bertfast.from_pretrained(folder, backend="cpu", dtype=torch.bfloat16)
+    w = model.layers._modules["0"].qkv.weight
+    if w._panels is None:
+        pytest.skip("oneDNN does not hold this bf16 weight in the bf16 GEMM's panels here")
+    assert w.storage == route
     return model
 
 
@@ -183,14 +201,31 @@ def test_int8_layer_call_runs_attention_in_bf16(zoo, monkeypatch):
     assert not torch.equal(out["bf16"], out["fp32"])  # bf16 attention did run
 
 
-@pytest.mark.parametrize("kind", ["bf16", "plain"])
+@pytest.mark.parametrize("route", ["onednn", "own"])
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("lengths", [[7, 3], [30, 1, 17, 9]])
+def test_bf16_native_layer_equals_op_by_op(family, lengths, route, zoo, monkeypatch):
+    """bf16 weights in the C++ bf16 GEMM's panels: one native call per layer on bf16
+    tokens (``blinear`` for each GEMM), equal bit for bit to the same model op by op,
+    and near transformers in fp32 (every token's cosine similarity above 0.999)."""
+    hf, folder = zoo[family]
+    model = _bf16_model(folder, route, monkeypatch)
+    fused, ref, real = _layer_call_equals_op_by_op(model, hf, lengths, monkeypatch)
+    cos = torch.nn.functional.cosine_similarity(fused[real].float(), ref[real], dim=-1)
+    assert cos.min().item() > 0.999
+
+
+@pytest.mark.parametrize("kind", ["bf16 without panels", "plain"])
 def test_not_taken_for_weights_off_the_cpp_gemm(kind, zoo, monkeypatch):
-    """bf16 weights and weights a model does not own packed (plain tensors:
-    ``optimize()``'s) never reach the fp32 C++ GEMM's layer call: it is considered for
-    every layer and declined."""
+    """bf16 weights without the bf16 GEMM's panels (oneDNN's other layouts, or no
+    AMX) and weights a model does not own packed (plain tensors: ``optimize()``'s)
+    never reach the C++ GEMMs' layer call: it is considered for every layer and
+    declined."""
     hf, folder = zoo["bert"]
-    if kind == "bf16":
+    if kind == "bf16 without panels":
+        monkeypatch.setattr(cpu_weights, "BF16_PANELS", False)  # read at load
         model = bertfast.from_pretrained(folder, backend="cpu", dtype=torch.bfloat16)
+        assert model.layers._modules["0"].qkv.weight._panels is None
     else:
         model = bertfast.optimize(hf, backend="cpu")
     ids, mask = _batch([5, 3], hf.config.vocab_size)

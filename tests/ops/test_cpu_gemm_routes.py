@@ -222,7 +222,7 @@ def test_env_route(monkeypatch):
 def test_storage_for_each_route(monkeypatch):
     f32, bf16 = torch.float32, torch.bfloat16
     assert cpu_weights.storage_for(f32, "own") == "own"
-    assert cpu_weights.storage_for(bf16, "own") is None  # the C++ GEMM is fp32 only
+    assert cpu_weights.storage_for(bf16, "own") == "own"  # the C++ bf16 GEMM's panels
     assert cpu_weights.storage_for(f32, "torch") is None
     assert cpu_weights.storage_for(torch.float16, "onednn") is None
     if cpu_weights.ONEDNN:
