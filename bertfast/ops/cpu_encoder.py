@@ -189,8 +189,9 @@ class CpuEncoder:
         ``tokens`` packed tokens, or None where some layer would not run as one native
         call (``layers``' conditions: no padding rows, one row block, every GEMM on
         the C++ GEMM or int8). Made from what the model holds at this call; kept for
-        the next call at up to ``SMALL_ROWS`` rows while the model holds the same
-        tensor objects (a parameter replaced, or weights unpacked and packed again,
+        the next call at up to ``cpu_weights.small_rows`` rows (of the weights' dtype:
+        any such call takes the same panels) while the model holds the same tensor
+        objects (a parameter replaced, or weights unpacked and packed again,
         makes them afresh)."""
         cfg = self.config
         held = self._held()
@@ -204,7 +205,7 @@ class CpuEncoder:
         )
         if rows != tokens or len(attn_blocks) != 1 or len(blocks) != 1:
             return None
-        small = tokens <= _cpu_weights.SMALL_ROWS
+        small = tokens <= _cpu_weights.small_rows(word.dtype)
         cache = self._forward_cache
         if (
             small

@@ -115,14 +115,18 @@ def test_bf16_one_call_equals_layer_calls(family, lengths, route, zoo, monkeypat
 
 def test_bf16_rows_above_the_limit_run_on_onednn(zoo, monkeypatch):  # noqa: F811
     """Above ``BF16_SMALL_ROWS`` rows a bf16 model's GEMMs run on oneDNN: the one call
-    is considered and declined, and the result is the layer-by-layer one."""
+    is considered and declined (also right after a call of few rows, whose operands
+    the runner keeps), and the result is the one a fresh model gives."""
     hf, folder = zoo["bert"]
     model = _bf16_model(folder, "onednn", monkeypatch)
-    half = cpu_weights.BF16_SMALL_ROWS // 2 + 8
+    small_ids, small_mask = _batch([5, 3], hf.config.vocab_size)
+    _last(model, small_ids, small_mask)  # the runner now keeps the few-rows operands
+    half = cpu_weights.BF16_SMALL_ROWS // 2 + 8  # between the bf16 and fp32 limits
     ids, mask = _batch([half, half], hf.config.vocab_size)
     count = Count(monkeypatch)
     got = _last(model, ids, mask)
     assert (count.ran, count.declined) == (0, 1)
+    assert torch.equal(got, _last(_bf16_model(folder, "onednn", monkeypatch), ids, mask))
     with torch.no_grad():
         ref = hf(input_ids=ids, attention_mask=mask).last_hidden_state
     got, ref = got.flatten(0, 1).float(), ref.flatten(0, 1)  # no padding: equal lengths
