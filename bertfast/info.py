@@ -132,8 +132,8 @@ def low_precision_paths(flags: list[str] | None = None) -> dict[str, str]:
         why = f"BERTFAST_CPU_ATTENTION_ISA={forced}" if forced else "no avx512_bf16"
         isa = "AVX-512" if avx512 else "AVX2"
         attention = f"fp32 math on bf16 storage ({isa}; {why}), slower than fp32"
-    if "amx_bf16" in have:
-        gemm = "oneDNN bf16 on AMX (amx_bf16)"
+    if "amx_bf16" in have:  # where the OS grants the tiles: cpu_weights.BF16_PANELS
+        gemm = "bertfast's AMX GEMM up to 64 rows, oneDNN bf16 on AMX above (amx_bf16)"
     elif "avx512_bf16" in have:
         gemm = "oneDNN bf16 on avx512_bf16"
     else:

@@ -932,6 +932,164 @@ def _pool_cases():
     }
 
 
+def _bf16_args(**over):
+    """blinear's arguments: x [3, 70] bf16, a [40, 70] weight packed ([2, 48, 32, 2])."""
+    B = torch.bfloat16
+    args = dict(
+        x=torch.randn(3, 70).to(B), p=cpu.bgemm_pack(torch.randn(40, 70).to(B)),
+        b=torch.randn(40).to(B), n=40, act="gelu", isa=None,
+    )  # fmt: skip
+    args.update(over)
+    return args
+
+
+def _bf16_cases():
+    """The bf16 GEMM entry points (kernels/cpu/bgemm.cpp, csrc/cpu_bf16_ops.cpp)."""
+    if not hasattr(cpu, "blinear"):  # pragma: no cover - a build without them
+        return {}
+    A, fn, B = _bf16_args, cpu.blinear, torch.bfloat16
+    packed = A()["p"]
+    out = {
+        "blinear/x dtype": (
+            fn,
+            A(x=torch.randn(3, 70)),
+            TypeError,
+            "x has dtype Float, expected BFloat16",
+        ),
+        "blinear/0-D x": (fn, A(x=torch.tensor(1.0, dtype=B)), ValueError, "x must have at least"),
+        "blinear/x strided": (
+            fn,
+            A(x=torch.randn(70, 3).to(B).t()),
+            ValueError,
+            "x must be contiguous",
+        ),
+        "blinear/packed dtype": (
+            fn,
+            A(p=packed.float()),
+            TypeError,
+            "packed has dtype Float, expected BFloat16",
+        ),
+        "blinear/packed 3-D": (
+            fn,
+            A(p=packed.flatten(2)),
+            ValueError,
+            "packed must have 4 dimension(s), got shape (2, 48, 64)",
+        ),
+        "blinear/packed meta": (
+            fn,
+            A(p=torch.empty(2, 48, 32, 2, dtype=B, device="meta")),
+            ValueError,
+            "packed is on meta",
+        ),
+        "blinear/out_features above the panels": (
+            fn,
+            A(n=65, b=None),
+            ValueError,
+            "packed has size 2 in dim 0, expected 3 (32-column panels for out_features)",
+        ),
+        "blinear/out_features below the panels": (
+            fn,
+            A(n=32, b=None),
+            ValueError,
+            "packed has size 2 in dim 0, expected 1",
+        ),
+        "blinear/K above": (
+            fn,
+            A(x=torch.randn(3, 100).to(B)),
+            ValueError,
+            "packed has size 48 in dim 1, expected 64 (x's last dimension rounded up to 32",
+        ),
+        "blinear/K below": (
+            fn,
+            A(x=torch.randn(3, 64).to(B)),
+            ValueError,
+            "packed has size 48 in dim 1, expected 32",
+        ),
+        "blinear/panel width": (
+            fn,
+            A(p=torch.zeros(2, 48, 16, 4, dtype=B)),
+            ValueError,
+            "packed has size 16 in dim 2, expected 32 (panel width)",
+        ),
+        "blinear/k pair": (
+            fn,
+            A(p=torch.zeros(2, 48, 32, 1, dtype=B)),
+            ValueError,
+            "packed has size 1 in dim 3, expected 2 (bf16 per k pair)",
+        ),
+        "blinear/bias size": (
+            fn,
+            A(b=torch.randn(41).to(B)),
+            ValueError,
+            "bias has size 41 in dim 0, expected 40 (out_features)",
+        ),
+        "blinear/bias dtype": (
+            fn,
+            A(b=torch.randn(40)),
+            TypeError,
+            "bias has dtype Float, expected BFloat16",
+        ),
+        "blinear/bias 2-D": (
+            fn,
+            A(b=torch.randn(1, 40).to(B)),
+            ValueError,
+            "bias must have 1 dimension(s)",
+        ),
+        "blinear/negative out_features": (
+            fn,
+            A(n=-1, b=None),
+            ValueError,
+            "out_features must be >= 0, got -1",
+        ),
+        "blinear/activation": (
+            fn,
+            A(act="swish"),
+            ValueError,
+            "unknown activation 'swish'; expected gelu, gelu_tanh or relu (or None)",
+        ),
+        "blinear/isa": (fn, A(isa="avx9"), ValueError, "isa='avx9' is not one of auto, amx"),
+        "bgemm_pack/1-D": (
+            cpu.bgemm_pack,
+            dict(w=torch.randn(40).to(B)),
+            ValueError,
+            "weight must have 2 dimension(s), got shape (40,)",
+        ),
+        "bgemm_pack/3-D": (
+            cpu.bgemm_pack,
+            dict(w=torch.randn(2, 40, 70).to(B)),
+            ValueError,
+            "weight must have 2 dimension(s)",
+        ),
+        "bgemm_pack/float32": (
+            cpu.bgemm_pack,
+            dict(w=torch.randn(40, 70)),
+            TypeError,
+            "weight has dtype Float, expected BFloat16",
+        ),
+        "bgemm_pack/float16": (
+            cpu.bgemm_pack,
+            dict(w=torch.randn(40, 70).half()),
+            TypeError,
+            "weight has dtype Half",
+        ),
+        "bgemm_pack/strided": (
+            cpu.bgemm_pack,
+            dict(w=torch.randn(70, 40).to(B).t()),
+            ValueError,
+            "weight must be contiguous",
+        ),
+        "bf16_gemm_isa/isa": (
+            cpu.bf16_gemm_isa,
+            dict(isa="avx9"),
+            ValueError,
+            "isa='avx9' is not one of auto, amx, portable",
+        ),
+    }
+    if cpu.bf16_gemm_isa("auto") != "amx":  # pragma: no cover - CPUs without AMX-BF16
+        out["blinear/amx unavailable"] = (fn, A(isa="amx"), ValueError, "no AMX-BF16")
+    return out
+
+
 ALL_CASES = {
     **CASES,
     **_packed_cases(),
@@ -940,6 +1098,7 @@ ALL_CASES = {
     **_layer_int8_cases(),
     **_forward_cases(),
     **_pool_cases(),
+    **_bf16_cases(),
 }
 
 
@@ -1009,18 +1168,56 @@ def test_valid_calls_match_torch():
     torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b), atol=1e-5, rtol=1e-5)
 
 
-def test_encoder_layer_is_its_steps():
-    """A valid encoder_layer call (run under the sanitizers too) equals its steps."""
+def _layer_args_bf16(**over):
+    """``_layer_args`` for a bf16 layer: bf16 tokens, weights packed for blinear
+    (``bgemm_pack``), bf16 biases and LayerNorms."""
     a = _layer_args()
+    B = torch.bfloat16
+    bf = {k: v.to(B) for k, v in a.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    a.update(bf)
+    for k, (n, kk) in zip(_LAYER_KEYS, ((24, 8), (8, 8), (16, 8), (8, 16)), strict=True):
+        a[k] = cpu.bgemm_pack(torch.randn(n, kk).to(B))
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_encoder_layer_is_its_steps(dtype):
+    """A valid encoder_layer call (run under the sanitizers too) equals its steps: on
+    fp32 tokens linear_packed, on bf16 tokens blinear for each GEMM."""
+    if dtype == "bf16" and not hasattr(cpu, "blinear"):  # pragma: no cover
+        pytest.skip("a build without the bf16 GEMM")
+    a = _layer_args() if dtype == "fp32" else _layer_args_bf16()
     got = _call(cpu.encoder_layer, a)
-    y = cpu.linear_packed(a["h"], a["qkv"], a["qkv_b"], 24, None, True)
+    assert got.dtype == a["h"].dtype
+
+    def gemm(x, w, b, n, act):
+        if dtype == "bf16":
+            return cpu.blinear(x, w, b, n, act, None)
+        return cpu.linear_packed(x, w, b, n, act, True)
+
+    y = gemm(a["h"], a["qkv"], a["qkv_b"], 24, None)
     ctx = cpu.attention_varlen(y, a["cu"], a["max_len"], a["heads"], a["scale"])
-    x = cpu.linear_packed(ctx, a["proj"], None, 8, None, True)
+    x = gemm(ctx, a["proj"], None, 8, None)
     h1 = cpu.add_layernorm(x, a["h"], a["proj_b"], a["ln1_w"], a["ln1_b"], a["eps"])
-    f = cpu.linear_packed(h1, a["ffn_in"], a["ffn_in_b"], 16, "gelu", True)
-    o = cpu.linear_packed(f, a["ffn_out"], None, 8, None, True)
+    f = gemm(h1, a["ffn_in"], a["ffn_in_b"], 16, "gelu")
+    o = gemm(f, a["ffn_out"], None, 8, None)
     want = cpu.add_layernorm(o, h1, a["ffn_out_b"], a["ln2_w"], a["ln2_b"], a["eps"])
     assert torch.equal(got, want)
+
+
+def test_encoder_layer_bf16_takes_bf16_panels_only():
+    """bf16 tokens with the fp32 GEMM's panels (or fp32 tokens with bf16 panels): the
+    step that reads them names the mismatch, nothing is computed on the wrong layout."""
+    if not hasattr(cpu, "blinear"):  # pragma: no cover
+        pytest.skip("a build without the bf16 GEMM")
+    fp32 = _layer_args()
+    with pytest.raises(TypeError, match=r"QKV projection \(blinear\): packed has dtype Float"):
+        _call(cpu.encoder_layer, _layer_args_bf16(qkv=fp32["qkv"]))
+    with pytest.raises(TypeError, match=r"QKV projection \(linear_packed\): packed has dtype"):
+        _call(cpu.encoder_layer, dict(fp32, qkv=_layer_args_bf16()["qkv"]))
+    with pytest.raises(TypeError, match="attention LayerNorm"):
+        _call(cpu.encoder_layer, _layer_args_bf16(ln1_w=fp32["ln1_w"]))
 
 
 def _attend(y, a, bf16):
