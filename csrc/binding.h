@@ -19,7 +19,9 @@
 #include <torch/headeronly/core/ScalarType.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -96,6 +98,23 @@ inline bool partial_overlap(const Tensor& a, const Tensor& b) {
 
 // torch's intra-op thread count (torch.get_num_threads()): the CPU kernels' threads.
 inline int threads() { return std::max(1, static_cast<int>(torch::stable::get_num_threads())); }
+
+// The micro-kernel a CPU entry point was asked for (its `isa` argument, else the
+// environment variable `env`, read at every call; empty: auto), lowercased, and where it
+// came from ("isa" or the variable's name) for the error messages.
+struct IsaRequest {
+  std::string name;
+  std::string source;
+};
+inline IsaRequest isa_request(const std::optional<std::string>& isa, const char* env) {
+  IsaRequest r{isa ? *isa : std::string(), isa ? "isa" : env};
+  if (!isa) {
+    const char* value = std::getenv(env);
+    if (value) r.name = value;
+  }
+  for (char& c : r.name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return r;
+}
 
 // One native entry point's checks: every failure raises ValueError / TypeError /
 // IndexError "bertfast._C.<backend>.<op>: <what was wrong>". Every tensor must be

@@ -8,9 +8,6 @@
 // "portable"; None reads BERTFAST_CPU_BF16_ISA (default auto) at every call.
 #include <torch/csrc/stable/library.h>
 
-#include <cctype>
-#include <cstdlib>
-
 #include "binding.h"
 #include "cpu_bf16_ops.h"
 
@@ -24,16 +21,7 @@ using namespace binding;
 Op bf16_op(const char* name) { return Op("cpu", name, DeviceType::CPU); }
 
 int resolve_isa(const Op& op, const std::optional<std::string>& isa) {
-  std::string name;
-  const char* source = "isa";
-  if (isa) {
-    name = *isa;
-  } else {
-    const char* env = std::getenv("BERTFAST_CPU_BF16_ISA");
-    name = env ? env : "";
-    source = "BERTFAST_CPU_BF16_ISA";
-  }
-  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const auto [name, source] = isa_request(isa, "BERTFAST_CPU_BF16_ISA");
   if (name.empty() || name == "auto")
     return cpu::bgemm_cpu_has_amx() ? cpu::kBIsaAmx : cpu::kBIsaPortable;
   if (name == "amx") {

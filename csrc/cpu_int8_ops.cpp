@@ -89,16 +89,8 @@ OutputPool& output_pool() {
 
 // The micro-kernel to run for `isa` (see the file comment).
 int resolve_isa(const Op& op, const std::optional<std::string>& isa) {
-  std::string name;
-  const char* source = "isa";
-  if (isa) {
-    name = *isa;
-  } else {
-    const char* env = std::getenv("BERTFAST_CPU_INT8_ISA");
-    name = env ? env : "";
-    source = "BERTFAST_CPU_INT8_ISA";
-  }
-  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const auto [requested, source] = isa_request(isa, "BERTFAST_CPU_INT8_ISA");
+  std::string name = requested;
   if (name.empty() || name == "auto") {
     if (cpu::qgemm_cpu_has_amx()) return cpu::kQIsaAmx;
     if (cpu::qgemm_cpu_has_vnni()) return cpu::kQIsaVnni;

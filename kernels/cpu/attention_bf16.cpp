@@ -25,6 +25,8 @@
 #if defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "cpu/amx.h"
 #define BF_AMX_LINUX 1
 #endif
 
@@ -174,23 +176,7 @@ BF_BF16_TARGET BF_INLINE void pv_tile_bf16(const uint16_t* BF_RESTRICT p16,
 #define BF_AMX_TARGET \
   __attribute__((target("arch=x86-64-v4,avx512bf16,amx-tile,amx-bf16,prefer-vector-width=512")))
 
-struct TileConfig {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-BF_AMX_TARGET __attribute__((noinline)) void amx_begin() {
-  TileConfig cfg = {};
-  cfg.palette = 1;
-  for (int t = 0; t < 5; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  // ldtilecfg by hand: GCC 12's _tile_loadconfig names only 8 bytes of the config as
-  // read, so the stores of the rest are dropped as dead.
-  asm volatile("ldtilecfg %0" : : "m"(cfg));
-}
+BF_AMX_TARGET __attribute__((noinline)) void amx_begin() { amx_configure_16x64(5); }
 
 BF_AMX_TARGET __attribute__((noinline)) void amx_end() { _tile_release(); }
 

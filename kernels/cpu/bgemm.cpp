@@ -22,6 +22,8 @@
 
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
 #include <immintrin.h>
+
+#include "cpu/amx.h"
 #define BF_BGEMM_AMX 1
 #endif
 
@@ -99,14 +101,6 @@ __attribute__((noinline)) BF_CLONES void task_portable(const BArgs& q, int64_t m
 #define BF_BGEMM_AMX_TARGET \
   __attribute__((target("arch=x86-64-v4,avx512bf16,amx-tile,amx-bf16,prefer-vector-width=512")))
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 // Tiles: 0-3 accumulators (16 rows x 16 columns each), 4 A, 5-6 B. A task's second
 // panel may not exist (N up to the first panel): then its two tiles run on the first
 // panel again and their sums are not written (ncols stops before them).
@@ -114,14 +108,7 @@ template <int ACT>
 BF_BGEMM_AMX_TARGET __attribute__((noinline)) void task_amx(const BArgs& q, int64_t mb, int64_t p) {
   int64_t n0, ncols, m_end;
   task_bounds(q, mb, p, n0, ncols, m_end);
-  TileConfig cfg{};
-  cfg.palette_id = 1;
-  for (int t = 0; t < 7; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  // ldtilecfg by hand (GCC 12's _tile_loadconfig names only 8 bytes of the config).
-  asm volatile("ldtilecfg %0" ::"m"(cfg));
+  amx_configure_16x64(7);
   const int64_t panel_bytes = q.K2 * kStepBytes;
   const char* b0 = reinterpret_cast<const char*>(q.packed) + (n0 / kBPanel) * panel_bytes;
   const char* b1 = ncols > kBPanel ? b0 + panel_bytes : b0;

@@ -29,6 +29,8 @@
 #include <unistd.h>
 
 #include <mutex>
+
+#include "cpu/amx.h"
 #define BF_QGEMM_AMX 1
 #endif
 #endif
@@ -213,14 +215,6 @@ __attribute__((noinline)) void tile_avx2(const QArgs& q, int64_t mb, int64_t p) 
 // 256-byte stride): 4 tile loads per 4 tdpbusd. A last group of <= 16 rows uses
 // 1 x 4 tiles (one A tile, four B tiles). Needs K % 64 == 0 and the A rows padded
 // to a multiple of 16 (the caller's buffer; the extra rows are discarded).
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 // AVX-512 for the epilogue (every AMX CPU has it).
 template <int MODE>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
@@ -228,13 +222,7 @@ __attribute__((noinline)) void
 tile_amx(const QArgs& q, int64_t mb, int64_t p) {
   int64_t n0, ncols, m_end;
   tile_bounds(q, mb, p, n0, ncols, m_end);
-  TileConfig cfg{};
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  asm volatile("ldtilecfg %0" ::"m"(cfg));
+  amx_configure_16x64(8);
   const int8_t* bp = q.packed + p * q.K4 * kStep;
   const int64_t kblocks = q.K4 / 16;
   const int64_t lda = q.lda;
