@@ -10,8 +10,9 @@ Python call each ("per op"). With ``--quantize int8`` the model's linear layers 
 int8 (``_C.cpu.encoder_forward_int8`` / ``encoder_layer_int8``, any row count,
 attention in the dtype ``quant.attention_dtype`` gives: bf16 where the CPU has native
 bf16, ``BERTFAST_CPU_INT8_ATTENTION=fp32`` for fp32). All three are timed on the same
-model and inputs, rotating round by round in one process; medians of the rounds' medians, and the ratios to one call (only ratios
-inside one run mean anything on a shared machine). The outputs are checked equal
+model and inputs, rotating round by round in one process; medians of the rounds'
+medians, and the ratios to one call (only ratios inside one run mean anything on a
+shared machine). The outputs are checked equal
 first. Usage::
 
     python benchmarks/experiments/layer_call.py [--model minilm|bert-base|FOLDER] \
