@@ -12,8 +12,7 @@ attention in the dtype ``quant.attention_dtype`` gives: bf16 where the CPU has n
 bf16, ``BERTFAST_CPU_INT8_ATTENTION=fp32`` for fp32). All three are timed on the same
 model and inputs, rotating round by round in one process; medians of the rounds'
 medians, and the ratios to one call (only ratios inside one run mean anything on a
-shared machine). The outputs are checked equal
-first. Usage::
+shared machine). The outputs are checked equal first. Usage::
 
     python benchmarks/experiments/layer_call.py [--model minilm|bert-base|FOLDER] \
         [--shapes 1x16,1x128] [--quantize int8]
