@@ -358,10 +358,10 @@ BF16_PANELS: bool = _bf16_gemm_amx()
 
 #: Rows up to which a bf16 weight oneDNN holds in the C++ bf16 GEMM's panels runs on
 #: that GEMM (reading oneDNN's buffer in place), above on oneDNN. Per GEMM, hot
-#: caches, 2 threads, Intel Xeon (Emerald Rapids) AMX, C++ / oneDNN us: MiniLM QKV
-#: (1152 x 384) 1 row 28 / 38, 16 rows 27 / 45, 64 rows 47 / 55, 96 rows 64 / 63,
-#: 128 rows 86 / 76; BERT-base FFN in (3072 x 768) 16 rows 93 / 122, 64 rows 237 /
-#: 253, 128 rows 411 / 343 (benchmarks/results/cpu-intel-xeon-amx-2t/notes.md).
+#: caches, 2 threads, Intel Xeon (Emerald Rapids) AMX, C++ / oneDNN us, MiniLM QKV
+#: (1152 x 384): 1 row 39 / 54, 16 rows 32 / 56, 64 rows 73 / 84, 128 rows 180 / 150
+#: (``benchmarks/experiments/bf16_few_rows.py --gemms``; every shape in
+#: benchmarks/results/cpu-intel-xeon-amx-2t/notes.md, "bf16 few rows").
 BF16_SMALL_ROWS = 64
 
 
