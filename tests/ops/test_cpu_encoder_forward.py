@@ -177,7 +177,8 @@ def test_declined_off_the_cpp_gemm(kind, zoo, monkeypatch):  # noqa: F811
     if kind == "bf16 without panels":
         monkeypatch.setattr(cpu_weights, "BF16_PANELS", False)  # read at load
         model = bertfast.from_pretrained(folder, backend="cpu", dtype=torch.bfloat16)
-        assert model.layers._modules["0"].qkv.weight._panels is None
+        # oneDNN's form without panels, or (no native bf16) a plain weight
+        assert getattr(model.layers._modules["0"].qkv.weight, "_panels", None) is None
     elif kind == "plain":
         model = bertfast.optimize(hf, backend="cpu")
     else:

@@ -225,7 +225,8 @@ def test_not_taken_for_weights_off_the_cpp_gemm(kind, zoo, monkeypatch):
     if kind == "bf16 without panels":
         monkeypatch.setattr(cpu_weights, "BF16_PANELS", False)  # read at load
         model = bertfast.from_pretrained(folder, backend="cpu", dtype=torch.bfloat16)
-        assert model.layers._modules["0"].qkv.weight._panels is None
+        # oneDNN's form without panels, or (no native bf16) a plain weight
+        assert getattr(model.layers._modules["0"].qkv.weight, "_panels", None) is None
     else:
         model = bertfast.optimize(hf, backend="cpu")
     ids, mask = _batch([5, 3], hf.config.vocab_size)
