@@ -103,6 +103,11 @@ void attention_impl(T* out, const T* qkv, const std::vector<Sequence>& seqs, int
 #endif
   {
     Scratch sc;
+    // AMX tiles are configured once per thread and call, not per task
+    [[maybe_unused]] const bool tiles = std::is_same_v<T, bf16> && isa == Isa::kAmxBf16;
+#if defined(BF_X86)
+    if (tiles) amx_tiles_begin();
+#endif
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
@@ -110,6 +115,9 @@ void attention_impl(T* out, const T* qkv, const std::vector<Sequence>& seqs, int
       const Sequence& sq = seqs[tasks[t].seq];
       run_task<T>(isa, out, qkv, sq, tasks[t].head, tasks[t].q0, num_heads, hidden, scale, sc);
     }
+#if defined(BF_X86)
+    if (tiles) amx_tiles_end();
+#endif
   }
 }
 

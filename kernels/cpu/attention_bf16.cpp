@@ -46,20 +46,57 @@ namespace {
 // of K (or V). Keys past the real ones are zero in kt2 / v2 and get p = 0.
 #define BF_BF16_TARGET __attribute__((target("arch=x86-64-v4,avx512bf16,prefer-vector-width=512")))
 
-// pb = p rounded to bf16 (nearest even; NaN stays NaN), BLOCK_N of them; returns the
-// sum of the rounded values.
-BF_BF16_TARGET BF_INLINE float round_bf16_sum(const float* BF_RESTRICT p,
-                                              uint16_t* BF_RESTRICT pb) {
+// exp(x) for the softmax of the bf16 paths, whose arguments are <= 0 (a score minus
+// the running max) or NaN: 2^n * 2^f with n = round(x / ln2), f = x / ln2 - n in
+// [-1/2, 1/2], 2^f by its Taylor series to degree 6 (truncation < 4e-8, far below the
+// 2^-9 of the rounding to bf16 that follows), 2^n applied by vscalefps. Exactly 0
+// below -87.3 (as fast_exp: exp(-inf) == 0, no subnormal p), NaN for NaN.
+BF_BF16_TARGET BF_INLINE __m512 exp_softmax(__m512 x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_NLT_UQ);
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402265069591007f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471805599453f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+// One row of the bf16 paths' online softmax over w raw scores s (w a multiple of 32;
+// scores past the real keys already -inf): the scaled scores s * scale, their max
+// joined to the running max m, p = exp(s * scale - m) rounded to bf16 into pb
+// (nearest even; NaN stays NaN), and the running sum l rescaled and increased by the
+// sum of the rounded p. Returns alpha = exp(m_old - m_new), the factor for what was
+// accumulated before. Non-finite scores and scales propagate as in softmax_step
+// (attention_internal.h); _mm512_max_ps(a, b) is a > b ? a : b, as fmax_.
+BF_BF16_TARGET BF_INLINE float softmax_row_bf16(const float* BF_RESTRICT s, int64_t w, float scale,
+                                                float& m, float& l, uint16_t* BF_RESTRICT pb) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  __m512 vmx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < w; j += 16)
+    vmx = _mm512_max_ps(vmx, _mm512_mul_ps(_mm512_loadu_ps(s + j), vscale));
+  const float m_new = fmax_(m, _mm512_reduce_max_ps(vmx));
+  const float m_off = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
+  const float alpha = fast_exp(m - m_off);  // exp(-inf) == 0 on the first block
+  const __m512 off = _mm512_set1_ps(m_off);
   __m512 acc = _mm512_setzero_ps();
-  for (int64_t j = 0; j < BLOCK_N; j += 32) {
-    const __m512i r =
-        (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + j + 16), _mm512_loadu_ps(p + j));
+  for (int64_t j = 0; j < w; j += 32) {
+    const __m512 p0 = exp_softmax(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), vscale), off));
+    const __m512 p1 =
+        exp_softmax(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j + 16), vscale), off));
+    const __m512i r = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
     _mm512_storeu_si512(pb + j, r);
     // back to fp32: a bf16 is the high half of its float
     acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)));
     acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(-65536))));
   }
-  return _mm512_reduce_add_ps(acc);
+  l = l * alpha + _mm512_reduce_add_ps(acc);
+  m = m_new;
+  return alpha;
 }
 
 // Transposes 16 keys x 16 words (pairs of head dims) into 16 rows of 16 keys:
@@ -108,12 +145,12 @@ BF_BF16_TARGET BF_INLINE __m512 dot_bf16(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
-// s[r][j] = scale * sum_p q2[r][p] . kt2[p][j] for r < ROWS, j < nkeys rounded up to 32.
+// s[r][j] = sum_p q2[r][p] . kt2[p][j] for r < ROWS, j < nkeys rounded up to 32 (the
+// scale is applied by softmax_row_bf16).
 template <int ROWS>
 BF_BF16_TARGET BF_INLINE void score_tile_bf16(const uint32_t* BF_RESTRICT q2,
                                               const uint32_t* BF_RESTRICT kt2, int64_t dp,
-                                              int64_t nkeys, float scale, float* BF_RESTRICT s) {
-  const __m512 vscale = _mm512_set1_ps(scale);
+                                              int64_t nkeys, float* BF_RESTRICT s) {
   for (int64_t jc = 0; jc < nkeys; jc += 32) {
     __m512 acc[ROWS][2];
     for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -128,8 +165,8 @@ BF_BF16_TARGET BF_INLINE void score_tile_bf16(const uint32_t* BF_RESTRICT q2,
       }
     }
     for (int r = 0; r < ROWS; ++r) {
-      _mm512_storeu_ps(s + r * BLOCK_N + jc, _mm512_mul_ps(acc[r][0], vscale));
-      _mm512_storeu_ps(s + r * BLOCK_N + jc + 16, _mm512_mul_ps(acc[r][1], vscale));
+      _mm512_storeu_ps(s + r * BLOCK_N + jc, acc[r][0]);
+      _mm512_storeu_ps(s + r * BLOCK_N + jc + 16, acc[r][1]);
     }
   }
 }
@@ -167,54 +204,55 @@ BF_BF16_TARGET BF_INLINE void pv_tile_bf16(const uint16_t* BF_RESTRICT p16,
 // ---- AMX (amx_bf16): the same layouts feed tile loads. A tile holds 16 rows of 64
 // bytes; tdpbf16ps C[16][16] += A[16][32 bf16] . B[16 pairs][16 x 2 bf16]:
 //   scores: A = 16 query rows x 32 head dims of q2, B = 16 pairs of head dims x 16 keys
-//           of kt2 (the head dims padded to 32 with zeros), C = 16 x 16 scores;
+//           of kt2 (the head dims padded to 32 with zeros), C = 16 x 16 raw scores;
 //   P V:    A = 16 rows x 32 keys of P, B = 16 key pairs x 16 head dims of v2,
-//           C = 16 x 16 of this block's P V, added to o * alpha after (a tile cannot be
-//           rescaled in place).
+//           C = 16 x 16 of this chunk's P V, added to o * alpha after (a tile cannot
+//           be rescaled in place).
+// The AMX path takes keys in chunks of up to AMX_CHUNK (one chunk for any sequence
+// of BERT's lengths): all of a chunk's scores for 16 query rows, one softmax pass per
+// row, then P V with the accumulators held in tiles across the whole chunk.
 // Tiles: 0, 1 accumulators, 2 A, 3 and 4 B. Linux hands out the tile state only on
 // request (arch_prctl ARCH_REQ_XCOMP_PERM), once per process.
 #define BF_AMX_TARGET \
   __attribute__((target("arch=x86-64-v4,avx512bf16,amx-tile,amx-bf16,prefer-vector-width=512")))
 
-BF_AMX_TARGET __attribute__((noinline)) void amx_begin() { amx_configure_16x64(5); }
+constexpr int64_t AMX_CHUNK = 4 * BLOCK_N;  // keys per softmax pass of the AMX path
 
-BF_AMX_TARGET __attribute__((noinline)) void amx_end() { _tile_release(); }
-
-// s[16][j] = scale * q2 . kt2 for keys j < nkeys rounded up to 32; dq = head dims
-// padded to 32 (q2 rows are dq / 2 words, kt2 has dq / 2 rows of BLOCK_N words).
+// s[16][j] (row stride ld floats) = q2 . kt2 for the w keys k0 .. k0 + w - 1 (w a
+// multiple of 32, k0 of BLOCK_N); dq = head dims padded to 32 (q2 rows are dq / 2
+// words, kt2 holds dq / 2 rows of BLOCK_N words per key block).
 BF_AMX_TARGET __attribute__((noinline)) void amx_scores(const uint32_t* q2, const uint32_t* kt2,
-                                                        int64_t dq, int64_t nkeys, float scale,
-                                                        float* s) {
-  for (int64_t jc = 0; jc < nkeys; jc += 32) {
+                                                        int64_t dq, int64_t k0, int64_t w,
+                                                        float* s, int64_t ld) {
+  const int64_t dp = dq / 2;
+  if (dq == 32) _tile_loadd(2, q2, dq * 2);  // the whole of Q: loaded once
+  for (int64_t jc = 0; jc < w; jc += 32) {
+    const int64_t key = k0 + jc;
+    const uint32_t* kb = kt2 + (key / BLOCK_N) * dp * BLOCK_N + key % BLOCK_N;
     _tile_zero(0);
     _tile_zero(1);
     for (int64_t c = 0; c < dq; c += 32) {
-      _tile_loadd(2, q2 + c / 2, dq * 2);
-      _tile_loadd(3, kt2 + (c / 2) * BLOCK_N + jc, BLOCK_N * 4);
-      _tile_loadd(4, kt2 + (c / 2) * BLOCK_N + jc + 16, BLOCK_N * 4);
+      if (dq != 32) _tile_loadd(2, q2 + c / 2, dq * 2);
+      _tile_loadd(3, kb + (c / 2) * BLOCK_N, BLOCK_N * 4);
+      _tile_loadd(4, kb + (c / 2) * BLOCK_N + 16, BLOCK_N * 4);
       _tile_dpbf16ps(0, 2, 3);
       _tile_dpbf16ps(1, 2, 4);
     }
-    _tile_stored(0, s + jc, BLOCK_N * 4);
-    _tile_stored(1, s + jc + 16, BLOCK_N * 4);
+    _tile_stored(0, s + jc, ld * 4);
+    _tile_stored(1, s + jc + 16, ld * 4);
   }
-  const __m512 vscale = _mm512_set1_ps(scale);
-  for (int r = 0; r < 16; ++r)
-    for (int64_t j = 0; j < nkeys; j += 16)
-      _mm512_storeu_ps(s + r * BLOCK_N + j,
-                       _mm512_mul_ps(_mm512_loadu_ps(s + r * BLOCK_N + j), vscale));
 }
 
-// o[16][dd] = o * alpha + p16 . v2 over keys < nkeys rounded up to 32 (P is 0 and v2
-// zero past the real keys); pv is [16][dpad] fp32 scratch.
-BF_AMX_TARGET __attribute__((noinline)) void amx_pv(const uint16_t* p16, const uint32_t* v2,
-                                                    int64_t dpad, int64_t nkeys, const float* alpha,
-                                                    float* pv, float* o) {
+// pv[16][dpad] = p16 . v2 over w keys (w a multiple of 32; P is 0 and v2 zero past the
+// real keys); p16 rows are ld bf16 apart, v2 starts at the chunk's first key pair.
+BF_AMX_TARGET __attribute__((noinline)) void amx_pv(const uint16_t* p16, int64_t ld,
+                                                    const uint32_t* v2, int64_t dpad, int64_t w,
+                                                    float* pv) {
   for (int64_t dc = 0; dc < dpad; dc += 32) {
     _tile_zero(0);
     _tile_zero(1);
-    for (int64_t kc = 0; kc < nkeys; kc += 32) {
-      _tile_loadd(2, p16 + kc, BLOCK_N * 2);
+    for (int64_t kc = 0; kc < w; kc += 32) {
+      _tile_loadd(2, p16 + kc, ld * 2);
       _tile_loadd(3, v2 + (kc / 2) * dpad + dc, dpad * 4);
       _tile_loadd(4, v2 + (kc / 2) * dpad + dc + 16, dpad * 4);
       _tile_dpbf16ps(0, 2, 3);
@@ -223,16 +261,102 @@ BF_AMX_TARGET __attribute__((noinline)) void amx_pv(const uint16_t* p16, const u
     _tile_stored(0, pv + dc, dpad * 4);
     _tile_stored(1, pv + dc + 16, dpad * 4);
   }
-  for (int r = 0; r < 16; ++r) {
-    const __m512 a = _mm512_set1_ps(alpha[r]);
-    for (int64_t dd = 0; dd < dpad; dd += 16)
-      _mm512_storeu_ps(o + r * dpad + dd, _mm512_fmadd_ps(_mm512_loadu_ps(o + r * dpad + dd), a,
-                                                          _mm512_loadu_ps(pv + r * dpad + dd)));
+}
+
+// A task's real keys into kt2 / v2 (layouts above), nk32 = their count rounded up to
+// 32 (what the micro-kernels read; the keys between are zeros): K word (p, j) of block
+// kb = the pair (k[j][2p], k[j][2p + 1]), the key rows' words transposed 16 keys x 16
+// words at a time (an odd head_dim word by word); V word (i, dd) = the pair
+// (v[2i][dd], v[2i + 1][dd]), two key rows interleaved 32 head dims per step (a
+// missing second key, or head dims past d, read as zero).
+BF_BF16_TARGET BF_INLINE void pack_keys_values(const uint16_t* base, const std::vector<int64_t>& keys,
+                                               int64_t nk32, int64_t ld, int64_t hidden, int64_t h,
+                                               int64_t d, int64_t dp, int64_t dpad,
+                                               uint32_t* BF_RESTRICT kt2,
+                                               uint32_t* BF_RESTRICT v2) {
+  const int64_t nk = static_cast<int64_t>(keys.size());
+  if (d % 2 == 0) {
+    const uint16_t* rows[16];
+    for (int64_t j0 = 0; j0 < nk32; j0 += 16) {
+      for (int i = 0; i < 16; ++i)
+        rows[i] = j0 + i < nk ? base + keys[j0 + i] * ld + hidden + h * d : nullptr;
+      uint32_t* blk = kt2 + (j0 / BLOCK_N) * dp * BLOCK_N + (j0 % BLOCK_N);
+      for (int64_t w0 = 0; w0 < dp; w0 += 16)
+        transpose_keys16(rows, w0, d / 2, dp - w0, blk + w0 * BLOCK_N);
+    }
+  } else {
+    for (int64_t jj = 0; jj < nk32; ++jj) {
+      uint32_t* BF_RESTRICT kcol = kt2 + (jj / BLOCK_N) * dp * BLOCK_N + (jj % BLOCK_N);
+      if (jj < nk) {
+        const uint16_t* krow = base + keys[jj] * ld + hidden + h * d;
+        for (int64_t p = 0; p < d / 2; ++p) kcol[p * BLOCK_N] = load_u32(krow + 2 * p);
+        kcol[(d / 2) * BLOCK_N] = krow[d - 1];
+        for (int64_t p = (d + 1) / 2; p < dp; ++p) kcol[p * BLOCK_N] = 0;
+      } else {
+        for (int64_t p = 0; p < dp; ++p) kcol[p * BLOCK_N] = 0;
+      }
+    }
+  }
+  const __m512i lo_idx =
+      _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+  for (int64_t i = 0; i < nk32 / 2; ++i) {
+    uint32_t* BF_RESTRICT vr = v2 + i * dpad;
+    const uint16_t* va = 2 * i < nk ? base + keys[2 * i] * ld + 2 * hidden + h * d : nullptr;
+    const uint16_t* vb =
+        2 * i + 1 < nk ? base + keys[2 * i + 1] * ld + 2 * hidden + h * d : nullptr;
+    for (int64_t dc = 0; dc < dpad; dc += 32) {
+      const __mmask32 m = dc + 32 <= d ? ~__mmask32(0)
+                          : dc < d     ? (__mmask32(1) << (d - dc)) - 1
+                                       : 0;
+      const __m512i a = va ? _mm512_maskz_loadu_epi16(m, va + dc) : _mm512_setzero_si512();
+      const __m512i b = vb ? _mm512_maskz_loadu_epi16(m, vb + dc) : _mm512_setzero_si512();
+      _mm512_storeu_si512(vr + dc, _mm512_permutex2var_epi16(a, lo_idx, b));
+      _mm512_storeu_si512(vr + dc + 16, _mm512_permutex2var_epi16(a, hi_idx, b));
+    }
+  }
+}
+
+// Query rows q2 [ROWS][dp] words of rows g .. g + nr - 1 of the task (zeros past nr).
+template <int ROWS>
+BF_INLINE void load_queries(const uint16_t* base, const std::vector<int64_t>& qrows, int64_t g,
+                            int nr, int64_t ld, int64_t h, int64_t d, int64_t dp, uint32_t* q2) {
+  std::fill(q2, q2 + ROWS * dp, 0u);
+  for (int r = 0; r < nr; ++r) {
+    const uint16_t* qrow = base + qrows[g + r] * ld + h * d;
+    for (int64_t p = 0; p < d / 2; ++p) q2[r * dp + p] = load_u32(qrow + 2 * p);
+    if (d & 1) q2[r * dp + d / 2] = qrow[d - 1];
+  }
+}
+
+// The output rows g .. g + nr - 1: o / l rounded to bf16 (l == 0: all scores -inf),
+// 16 head dims at a time as from_f32<bf16> rounds one (nearest even, NaN stays a
+// quiet NaN, subnormals kept).
+BF_BF16_TARGET BF_INLINE void store_rows(bf16* obase, const std::vector<int64_t>& qrows, int64_t g,
+                                         int nr, int64_t hidden, int64_t d, const float* op,
+                                         int64_t dpad, const float* l) {
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  for (int r = 0; r < nr; ++r) {
+    const __m512 inv = _mm512_set1_ps(l[r] == 0.0f ? 1.0f : 1.0f / l[r]);
+    uint16_t* o = reinterpret_cast<uint16_t*>(obase + qrows[g + r] * hidden);
+    const float* BF_RESTRICT orow = op + r * dpad;
+    for (int64_t dd = 0; dd < d; dd += 16) {
+      const __mmask16 m = dd + 16 <= d ? __mmask16(0xffff) : __mmask16((1u << (d - dd)) - 1);
+      const __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(orow + dd), inv));
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+      const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), odd), 16);
+      const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+      const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+      const __m512i bits = _mm512_mask_blend_epi32(is_nan, rounded, nan);
+      _mm256_mask_storeu_epi16(o + dd, m, _mm512_cvtepi32_epi16(bits));
+    }
   }
 }
 
 // One task of the bf16 path (bf16 storage, AVX512-BF16, with AMX tiles when kAmx):
-// as attention_task.
+// query rows [q0, q0 + BLOCK_M) of head h of sequence sq, as the fp32-math path.
 template <int ROWS, bool kAmx>
 BF_BF16_TARGET BF_INLINE void bf16_task(bf16* out, const bf16* qkv, const Sequence& sq, int64_t h,
                                         int64_t q0, int64_t num_heads, int64_t hidden, float scale,
@@ -248,63 +372,21 @@ BF_BF16_TARGET BF_INLINE void bf16_task(bf16* out, const bf16* qkv, const Sequen
   const std::vector<int64_t>& keys = sc.keys;
   const std::vector<int64_t>& qrows = sc.qrows;
   const int64_t nk = static_cast<int64_t>(keys.size());
+  const int64_t nk32 = (nk + 31) / 32 * 32;
+  const int64_t nkp = (nk + BLOCK_N - 1) / BLOCK_N * BLOCK_N;  // key blocks of kt2
+  // AMX: scores and P of a whole chunk per row; else of one key block
+  const int64_t sw = kAmx ? std::min(nk32, AMX_CHUNK) : BLOCK_N;
 
-  const int64_t nkp = (nk + BLOCK_N - 1) / BLOCK_N * BLOCK_N;
   if (static_cast<int64_t>(sc.kt2.size()) < dp * nkp) sc.kt2.resize(dp * nkp);
-  if (static_cast<int64_t>(sc.v2.size()) < nkp / 2 * dpad) sc.v2.resize(nkp / 2 * dpad);
+  if (static_cast<int64_t>(sc.v2.size()) < nk32 / 2 * dpad) sc.v2.resize(nk32 / 2 * dpad);
   if (static_cast<int64_t>(sc.q2.size()) < ROWS * dp) sc.q2.resize(ROWS * dp);
-  if (static_cast<int64_t>(sc.p16.size()) < ROWS * BLOCK_N) sc.p16.resize(ROWS * BLOCK_N);
+  if (static_cast<int64_t>(sc.p16.size()) < ROWS * sw) sc.p16.resize(ROWS * sw);
   if (static_cast<int64_t>(sc.obuf.size()) < ROWS * dpad) sc.obuf.resize(ROWS * dpad);
-  if (static_cast<int64_t>(sc.sbuf.size()) < ROWS * BLOCK_N) sc.sbuf.resize(ROWS * BLOCK_N);
+  if (static_cast<int64_t>(sc.sbuf.size()) < ROWS * sw) sc.sbuf.resize(ROWS * sw);
   if (kAmx && static_cast<int64_t>(sc.pvbuf.size()) < ROWS * dpad) sc.pvbuf.resize(ROWS * dpad);
   uint32_t* BF_RESTRICT kt2 = sc.kt2.data();
   uint32_t* BF_RESTRICT v2 = sc.v2.data();
-
-  // K: word (p, j) of block kb = the pair (k[j][2p], k[j][2p + 1]): the key rows'
-  // words transposed, 16 keys x 16 words at a time (an odd head_dim word by word).
-  if (d % 2 == 0) {
-    const uint16_t* rows[16];
-    for (int64_t j0 = 0; j0 < nkp; j0 += 16) {
-      for (int i = 0; i < 16; ++i)
-        rows[i] = j0 + i < nk ? base + keys[j0 + i] * ld + hidden + h * d : nullptr;
-      uint32_t* blk = kt2 + (j0 / BLOCK_N) * dp * BLOCK_N + (j0 % BLOCK_N);
-      for (int64_t w0 = 0; w0 < dp; w0 += 16)
-        transpose_keys16(rows, w0, d / 2, dp - w0, blk + w0 * BLOCK_N);
-    }
-  } else {
-    for (int64_t jj = 0; jj < nkp; ++jj) {
-      uint32_t* BF_RESTRICT kcol = kt2 + (jj / BLOCK_N) * dp * BLOCK_N + (jj % BLOCK_N);
-      if (jj < nk) {
-        const uint16_t* krow = base + keys[jj] * ld + hidden + h * d;
-        for (int64_t p = 0; p < d / 2; ++p) kcol[p * BLOCK_N] = load_u32(krow + 2 * p);
-        kcol[(d / 2) * BLOCK_N] = krow[d - 1];
-        for (int64_t p = (d + 1) / 2; p < dp; ++p) kcol[p * BLOCK_N] = 0;
-      } else {
-        for (int64_t p = 0; p < dp; ++p) kcol[p * BLOCK_N] = 0;
-      }
-    }
-  }
-  // V: word (i, dd) = the pair (v[2i][dd], v[2i + 1][dd]): two key rows interleaved,
-  // 32 head dims per step (a missing second key, or head dims past d, read as zero).
-  const __m512i lo_idx =
-      _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
-                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
-  for (int64_t i = 0; i < nkp / 2; ++i) {
-    uint32_t* BF_RESTRICT vr = v2 + i * dpad;
-    const uint16_t* va = 2 * i < nk ? base + keys[2 * i] * ld + 2 * hidden + h * d : nullptr;
-    const uint16_t* vb =
-        2 * i + 1 < nk ? base + keys[2 * i + 1] * ld + 2 * hidden + h * d : nullptr;
-    for (int64_t dc = 0; dc < dpad; dc += 32) {
-      const __mmask32 m = dc + 32 <= d ? ~__mmask32(0)
-                          : dc < d     ? (__mmask32(1) << (d - dc)) - 1
-                                       : 0;
-      const __m512i a = va ? _mm512_maskz_loadu_epi16(m, va + dc) : _mm512_setzero_si512();
-      const __m512i b = vb ? _mm512_maskz_loadu_epi16(m, vb + dc) : _mm512_setzero_si512();
-      _mm512_storeu_si512(vr + dc, _mm512_permutex2var_epi16(a, lo_idx, b));
-      _mm512_storeu_si512(vr + dc + 16, _mm512_permutex2var_epi16(a, hi_idx, b));
-    }
-  }
+  pack_keys_values(base, keys, nk32, ld, hidden, h, d, dp, dpad, kt2, v2);
 
   float m[ROWS], l[ROWS], alphas[ROWS];
   const int64_t nq = static_cast<int64_t>(qrows.size());
@@ -314,42 +396,41 @@ BF_BF16_TARGET BF_INLINE void bf16_task(bf16* out, const bf16* qkv, const Sequen
     uint16_t* BF_RESTRICT p16 = sc.p16.data();
     float* BF_RESTRICT op = sc.obuf.data();
     float* BF_RESTRICT sp = sc.sbuf.data();
-    std::fill(q2, q2 + ROWS * dp, 0u);
+    load_queries<ROWS>(base, qrows, g, nr, ld, h, d, dp, q2);
     std::fill(op, op + ROWS * dpad, 0.0f);
-    for (int r = 0; r < nr; ++r) {
-      const uint16_t* qrow = base + qrows[g + r] * ld + h * d;
-      for (int64_t p = 0; p < d / 2; ++p) q2[r * dp + p] = load_u32(qrow + 2 * p);
-      if (d & 1) q2[r * dp + d / 2] = qrow[d - 1];
-    }
     for (int r = 0; r < ROWS; ++r) {
       m[r] = -std::numeric_limits<float>::infinity();
       l[r] = 0.0f;
     }
-    for (int64_t kb = 0; kb < nkp; kb += BLOCK_N) {
-      const int64_t valid = std::min<int64_t>(BLOCK_N, nk - kb);
+    const int64_t step = kAmx ? AMX_CHUNK : BLOCK_N;
+    for (int64_t kb = 0; kb < nk; kb += step) {
+      const int64_t valid = std::min<int64_t>(step, nk - kb);
+      const int64_t w = (valid + 31) / 32 * 32;  // columns the micro-kernels fill and read
       if constexpr (kAmx) {
-        amx_scores(q2, kt2 + kb * dp, dpad, valid, scale, sp);
+        amx_scores(q2, kt2, dpad, kb, w, sp, sw);
       } else {
-        score_tile_bf16<ROWS>(q2, kt2 + kb * dp, dp, valid, scale, sp);
+        score_tile_bf16<ROWS>(q2, kt2 + kb * dp, dp, valid, sp);
       }
       for (int r = 0; r < ROWS; ++r) {
-        float* BF_RESTRICT sr = sp + r * BLOCK_N;
-        for (int64_t j = valid; j < BLOCK_N; ++j) sr[j] = -std::numeric_limits<float>::infinity();
-        alphas[r] = softmax_step<false>(sr, m[r], l[r]);
-        l[r] = l[r] * alphas[r] + round_bf16_sum(sr, p16 + r * BLOCK_N);
+        float* BF_RESTRICT sr = sp + r * sw;
+        for (int64_t j = valid; j < w; ++j) sr[j] = -std::numeric_limits<float>::infinity();
+        alphas[r] = softmax_row_bf16(sr, w, scale, m[r], l[r], p16 + r * sw);
       }
       if constexpr (kAmx) {
-        amx_pv(p16, v2 + kb / 2 * dpad, dpad, valid, alphas, sc.pvbuf.data(), op);
+        float* BF_RESTRICT pv = sc.pvbuf.data();
+        amx_pv(p16, sw, v2 + kb / 2 * dpad, dpad, w, pv);
+        for (int r = 0; r < ROWS; ++r) {
+          const __m512 a = _mm512_set1_ps(alphas[r]);
+          for (int64_t dd = 0; dd < dpad; dd += 16)
+            _mm512_storeu_ps(op + r * dpad + dd,
+                             _mm512_fmadd_ps(_mm512_loadu_ps(op + r * dpad + dd), a,
+                                             _mm512_loadu_ps(pv + r * dpad + dd)));
+        }
       } else {
         pv_tile_bf16<ROWS>(p16, v2 + kb / 2 * dpad, dpad, (valid + 1) / 2, alphas, op);
       }
     }
-    for (int r = 0; r < nr; ++r) {
-      const float inv = l[r] == 0.0f ? 1.0f : 1.0f / l[r];  // l == 0: all scores -inf
-      bf16* o = obase + qrows[g + r] * hidden;
-      const float* BF_RESTRICT orow = op + r * dpad;
-      for (int64_t dd = 0; dd < d; ++dd) o[dd] = from_f32<bf16>(orow[dd] * inv);
-    }
+    store_rows(obase, qrows, g, nr, hidden, d, op, dpad, l);
   }
 }
 
@@ -366,9 +447,7 @@ BF_BF16_TARGET __attribute__((noinline)) void task_amx_bf16(bf16* out, const bf1
                                                             int64_t q0, int64_t num_heads,
                                                             int64_t hidden, float scale,
                                                             Scratch& sc) {
-  amx_begin();
   bf16_task<16, true>(out, qkv, sq, h, q0, num_heads, hidden, scale, sc);
-  amx_end();
 }
 
 }  // namespace
@@ -382,7 +461,11 @@ void run_bf16_task(bool amx, bf16* out, const bf16* qkv, const Sequence& sq, int
   }
 }
 
-// Declared (with its contract) in attention_internal.h.
+// Declared (with their contracts) in attention_internal.h.
+BF_AMX_TARGET __attribute__((noinline)) void amx_tiles_begin() { amx_configure_16x64(5); }
+
+BF_AMX_TARGET __attribute__((noinline)) void amx_tiles_end() { _tile_release(); }
+
 bool amx_available() {
 #if defined(BF_AMX_LINUX)
   static const bool ok = [] {

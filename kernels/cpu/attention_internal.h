@@ -115,9 +115,12 @@ void run_fp32_task(bool avx512, T* out, const T* qkv, const Sequence& sq, int64_
 #ifdef BF_X86
 // attention_bf16.cpp: bf16 storage on bf16 dot products, AMX tiles (tdpbf16ps) when
 // amx, else AVX512-BF16 (vdpbf16ps); the caller checked the CPU has them (and, for
-// AMX, amx_available()).
+// AMX, amx_available()). With amx, the calling thread has configured its tiles
+// (amx_tiles_begin) and releases them after its last task (amx_tiles_end).
 void run_bf16_task(bool amx, bf16* out, const bf16* qkv, const Sequence& sq, int64_t h, int64_t q0,
                    int64_t num_heads, int64_t hidden, float scale, Scratch& sc);
+void amx_tiles_begin();
+void amx_tiles_end();
 
 // Whether this process may use AMX bf16 tiles: the CPU has them and (Linux only; no
 // AMX elsewhere) the kernel grants the tile state to the process.

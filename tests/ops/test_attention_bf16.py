@@ -51,8 +51,9 @@ def _key_mask(lengths, seqlen):
     return (torch.arange(seqlen)[None, :] < torch.tensor(lengths)[:, None]).to(torch.int64)
 
 
-# (lengths, heads, head_dim): odd and block-crossing lengths (1, 7, 129, 257), the
-# head dims of supported models (32, 64, 80, 96, 128), an odd head dim, an
+# (lengths, heads, head_dim): odd and block-crossing lengths (1, 7, 129, 257; 600
+# crosses the AMX path's 512-key chunk, so its softmax runs online across chunks),
+# the head dims of supported models (32, 64, 80, 96, 128), an odd head dim, an
 # all-masked sequence.
 PADDED = [
     ([1], 2, 32),
@@ -62,6 +63,7 @@ PADDED = [
     ([40, 33], 2, 96),
     ([130, 1], 2, 128),
     ([9, 5], 2, 33),
+    ([600, 513], 1, 64),
 ]
 
 
@@ -81,7 +83,12 @@ def test_attention_bf16_no_mask_large_logits(isa):
     assert_parity("attention", "cpu", (qkv, None, 2, 0.125), torch.bfloat16)
 
 
-VARLEN = [([5, 1, 129, 64], 3, 32), ([257, 7], 2, 64), ([0, 17, 130], 2, 80)]
+VARLEN = [
+    ([5, 1, 129, 64], 3, 32),
+    ([257, 7], 2, 64),
+    ([0, 17, 130], 2, 80),
+    ([1030, 31, 33], 1, 32),
+]
 
 
 @pytest.mark.parametrize("lengths,heads,head_dim", VARLEN)
