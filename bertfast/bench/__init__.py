@@ -26,6 +26,9 @@ One job per module (all names are re-exported here):
 ``sweep.py``        the GPU sweeps' launch timing, device facts and JSON-line rows
 ``accuracy.py``     the accuracy contract of bf16 / int8 (``CONTRACT``), measured and
                     reported
+``main_job.py``     the main job: ``Embedder.encode`` on real text vs
+                    sentence-transformers, a worker process per provider
+                    (``benchmarks/main_job.py``; not re-exported here)
 ==================  ==================================================================
 
 Models come from :mod:`bertfast.presets` when no checkpoint folder is given (built-in
