@@ -568,9 +568,10 @@ STABLE_TORCH_LIBRARY(bertfast_cpu, m) {
   m.def(
       "linear_packed(Tensor x, Tensor packed, Tensor? bias, int out_features, str? activation, "
       "bool allow_avx512=True) -> Tensor");
-  // One encoder layer on packed tokens h [T, H] (fp32): QKV, attention_varlen, output
-  // projection + add_layernorm, FFN in + activation, FFN out + add_layernorm; weights
-  // packed by linear_pack (or oneDNN's 64-wide panels).
+  // One encoder layer on packed tokens h [T, H]: QKV, attention_varlen, output
+  // projection + add_layernorm, FFN in + activation, FFN out + add_layernorm; fp32 h on
+  // weights packed by linear_pack (or oneDNN's 64-wide panels), bf16 h on bgemm_pack's
+  // (or oneDNN's bf16 panels, the same layout); packed_linear picks by h's dtype.
   m.def(
       "encoder_layer(Tensor h, Tensor cu_seqlens, int max_seqlen, int num_heads, float scale, "
       "Tensor qkv, Tensor? qkv_bias, Tensor attn_out, Tensor? attn_out_bias, "

@@ -85,7 +85,8 @@ BF_BF16_TARGET BF_INLINE float softmax_row_bf16(const float* BF_RESTRICT s, int6
   const __m512 off = _mm512_set1_ps(m_off);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t j = 0; j < w; j += 32) {
-    const __m512 p0 = exp_softmax(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), vscale), off));
+    const __m512 p0 =
+        exp_softmax(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), vscale), off));
     const __m512 p1 =
         exp_softmax(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j + 16), vscale), off));
     const __m512i r = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
@@ -222,8 +223,8 @@ constexpr int64_t AMX_CHUNK = 4 * BLOCK_N;  // keys per softmax pass of the AMX 
 // multiple of 32, k0 of BLOCK_N); dq = head dims padded to 32 (q2 rows are dq / 2
 // words, kt2 holds dq / 2 rows of BLOCK_N words per key block).
 BF_AMX_TARGET __attribute__((noinline)) void amx_scores(const uint32_t* q2, const uint32_t* kt2,
-                                                        int64_t dq, int64_t k0, int64_t w,
-                                                        float* s, int64_t ld) {
+                                                        int64_t dq, int64_t k0, int64_t w, float* s,
+                                                        int64_t ld) {
   const int64_t dp = dq / 2;
   if (dq == 32) _tile_loadd(2, q2, dq * 2);  // the whole of Q: loaded once
   for (int64_t jc = 0; jc < w; jc += 32) {
@@ -269,10 +270,10 @@ BF_AMX_TARGET __attribute__((noinline)) void amx_pv(const uint16_t* p16, int64_t
 // words at a time (an odd head_dim word by word); V word (i, dd) = the pair
 // (v[2i][dd], v[2i + 1][dd]), two key rows interleaved 32 head dims per step (a
 // missing second key, or head dims past d, read as zero).
-BF_BF16_TARGET BF_INLINE void pack_keys_values(const uint16_t* base, const std::vector<int64_t>& keys,
-                                               int64_t nk32, int64_t ld, int64_t hidden, int64_t h,
-                                               int64_t d, int64_t dp, int64_t dpad,
-                                               uint32_t* BF_RESTRICT kt2,
+BF_BF16_TARGET BF_INLINE void pack_keys_values(const uint16_t* base,
+                                               const std::vector<int64_t>& keys, int64_t nk32,
+                                               int64_t ld, int64_t hidden, int64_t h, int64_t d,
+                                               int64_t dp, int64_t dpad, uint32_t* BF_RESTRICT kt2,
                                                uint32_t* BF_RESTRICT v2) {
   const int64_t nk = static_cast<int64_t>(keys.size());
   if (d % 2 == 0) {
@@ -346,7 +347,8 @@ BF_BF16_TARGET BF_INLINE void store_rows(bf16* obase, const std::vector<int64_t>
       const __mmask16 m = dd + 16 <= d ? __mmask16(0xffff) : __mmask16((1u << (d - dd)) - 1);
       const __m512i u = _mm512_castps_si512(_mm512_mul_ps(_mm512_loadu_ps(orow + dd), inv));
       const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-      const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), odd), 16);
+      const __m512i rounded =
+          _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), odd), 16);
       const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
       const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
       const __m512i bits = _mm512_mask_blend_epi32(is_nan, rounded, nan);

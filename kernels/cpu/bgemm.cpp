@@ -46,9 +46,6 @@ struct BArgs {
   const float* bias;  // fp32, never null
 };
 
-BF_INLINE uint16_t to_bf16_bits(float v) { return from_f32<bf16>(v).bits; }
-BF_INLINE float bf16_bits_to_f32(uint16_t b) { return bits_to_f32(static_cast<uint32_t>(b) << 16); }
-
 // Rows [i0, i0 + rows) x columns [n0, n0 + ncols) from tmp [rows][kTaskCols].
 template <int ACT>
 BF_INLINE void epilogue(const BArgs& q, const float* tmp, int rows, int64_t i0, int64_t n0,
@@ -59,10 +56,11 @@ BF_INLINE void epilogue(const BArgs& q, const float* tmp, int rows, int64_t i0, 
     uint16_t* o = q.out + (i0 + r) * q.N + n0;
     for (int64_t j = 0; j < ncols; ++j) {
       const float y = t[j] + b[j];
-      o[j] = to_bf16_bits(ACT == kGeluErf    ? gelu_erf(y)
-                          : ACT == kGeluTanh ? gelu_tanh(y)
-                          : ACT == kRelu     ? relu(y)
-                                             : y);
+      o[j] = from_f32<bf16>(ACT == kGeluErf    ? gelu_erf(y)
+                            : ACT == kGeluTanh ? gelu_tanh(y)
+                            : ACT == kRelu     ? relu(y)
+                                               : y)
+                 .bits;
     }
   }
 }
@@ -219,10 +217,14 @@ void blinear(uint16_t* out, const uint16_t* x, const uint16_t* packed, const uin
   thread_local std::vector<uint16_t> padded;
   if (isa == kBIsaAmx && (M % 16 != 0 || Kp != K)) {
     const int64_t M16 = (M + 15) / 16 * 16;
-    padded.assign(M16 * Kp, 0);
-    for (int64_t m = 0; m < M; ++m)
-      std::memcpy(padded.data() + m * Kp, x + m * K, static_cast<size_t>(K) * sizeof(uint16_t));
-    q.a = padded.data();
+    if (static_cast<int64_t>(padded.size()) < M16 * Kp) padded.resize(M16 * Kp);
+    uint16_t* pa = padded.data();
+    for (int64_t m = 0; m < M; ++m) {  // each row, then zeros up to Kp; then zero rows
+      std::memcpy(pa + m * Kp, x + m * K, static_cast<size_t>(K) * sizeof(uint16_t));
+      std::memset(pa + m * Kp + K, 0, static_cast<size_t>(Kp - K) * sizeof(uint16_t));
+    }
+    std::memset(pa + M * Kp, 0, static_cast<size_t>((M16 - M) * Kp) * sizeof(uint16_t));
+    q.a = pa;
     q.lda = Kp;
   }
   dispatch_activation</*kWithNone=*/true>(

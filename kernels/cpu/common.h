@@ -87,7 +87,9 @@ BF_INLINE uint32_t f32_to_bits(float f) {
 }
 
 BF_INLINE float to_f32(float v) { return v; }
-BF_INLINE float to_f32(bf16 v) { return bits_to_f32(static_cast<uint32_t>(v.bits) << 16); }
+// bf16 given as its 16 bits (buffers typed uint16_t, as the bf16 GEMM's).
+BF_INLINE float bf16_bits_to_f32(uint16_t b) { return bits_to_f32(static_cast<uint32_t>(b) << 16); }
+BF_INLINE float to_f32(bf16 v) { return bf16_bits_to_f32(v.bits); }
 BF_INLINE float to_f32(f16 v) {
   const uint32_t h = v.bits;
   const uint32_t sign = (h & 0x8000u) << 16;
