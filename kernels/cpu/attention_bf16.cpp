@@ -46,18 +46,16 @@ namespace {
 // of K (or V). Keys past the real ones are zero in kt2 / v2 and get p = 0.
 #define BF_BF16_TARGET __attribute__((target("arch=x86-64-v4,avx512bf16,prefer-vector-width=512")))
 
-// exp(x) for the softmax of the bf16 paths, whose arguments are <= 0 (a score minus
-// the running max) or NaN: 2^n * 2^f with n = round(x / ln2), f = x / ln2 - n in
-// [-1/2, 1/2], 2^f by its Taylor series to degree 6 (truncation < 4e-8, far below the
-// 2^-9 of the rounding to bf16 that follows), 2^n applied by vscalefps. Exactly 0
-// below -87.3 (as fast_exp: exp(-inf) == 0, no subnormal p), NaN for NaN.
-BF_BF16_TARGET BF_INLINE __m512 exp_softmax(__m512 x) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_NLT_UQ);
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+// 2^t for the softmax of the bf16 paths, whose arguments are <= 0 (a scaled score
+// minus the running max, in units of ln 2) or NaN: 2^n * 2^f with n = round(t) and f =
+// t - n in [-1/2, 1/2], 2^f by its Taylor series to degree 5 (relative truncation
+// < 3e-6, far below the 2^-9 of the rounding to bf16 that follows), 2^n applied by
+// vscalefps. Exactly 0 below 2^-125 (no subnormal p; exp(-inf) == 0), NaN for NaN.
+BF_BF16_TARGET BF_INLINE __m512 exp2_softmax(__m512 t) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  __m512 p = _mm512_set1_ps(1.3333558146428443e-3f);  // ln2^k / k!, k = 5 .. 0
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129107628477e-3f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550410866482158e-2f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402265069591007f));
@@ -66,29 +64,53 @@ BF_BF16_TARGET BF_INLINE __m512 exp_softmax(__m512 x) {
   return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
-// One row of the bf16 paths' online softmax over w raw scores s (w a multiple of 32;
-// scores past the real keys already -inf): the scaled scores s * scale, their max
-// joined to the running max m, p = exp(s * scale - m) rounded to bf16 into pb
-// (nearest even; NaN stays NaN), and the running sum l rescaled and increased by the
+// One row of the bf16 paths' online softmax over the raw scores s of `valid` keys: the
+// scaled scores s * scale (those from valid up to w, the next multiple of 32, taken
+// as -inf after the scaling, whatever the scale's sign), their max joined to the
+// running max m, p = exp(s * scale - m) rounded to bf16 into pb (nearest even; NaN
+// stays NaN; p = 0 past valid), and the running sum l rescaled and increased by the
 // sum of the rounded p. Returns alpha = exp(m_old - m_new), the factor for what was
-// accumulated before. Non-finite scores and scales propagate as in softmax_step
-// (attention_internal.h); _mm512_max_ps(a, b) is a > b ? a : b, as fmax_.
-BF_BF16_TARGET BF_INLINE float softmax_row_bf16(const float* BF_RESTRICT s, int64_t w, float scale,
-                                                float& m, float& l, uint16_t* BF_RESTRICT pb) {
-  const __m512 vscale = _mm512_set1_ps(scale);
-  __m512 vmx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < w; j += 16)
-    vmx = _mm512_max_ps(vmx, _mm512_mul_ps(_mm512_loadu_ps(s + j), vscale));
-  const float m_new = fmax_(m, _mm512_reduce_max_ps(vmx));
-  const float m_off = m_new == -std::numeric_limits<float>::infinity() ? 0.0f : m_new;
+// accumulated before. The max is taken over the raw scores when scale is positive and
+// finite (rounding s * scale is monotonic in s, so the max is the same number), and
+// exp's argument is one fma, s * (scale log2 e) - m log2 e. Non-finite scores and
+// scales propagate as in softmax_step (attention_internal.h); _mm512_max_ps(a, b) is
+// a > b ? a : b, as fmax_.
+BF_BF16_TARGET BF_INLINE float softmax_row_bf16(const float* BF_RESTRICT s, int64_t valid,
+                                                float scale, float& m, float& l,
+                                                uint16_t* BF_RESTRICT pb) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const int64_t w = (valid + 31) / 32 * 32;
+  const __m512 ninf = _mm512_set1_ps(-kInf);
+  const auto lanes = [valid](int64_t j) {  // the real keys among the 16 from j
+    return j + 16 <= valid ? __mmask16(0xffff)
+           : j < valid     ? __mmask16((1u << (valid - j)) - 1)
+                           : __mmask16(0);
+  };
+  __m512 vmx = ninf;
+  float mx;
+  if (scale > 0.0f && scale < kInf) {
+    for (int64_t j = 0; j < w; j += 16)
+      vmx = _mm512_max_ps(vmx, _mm512_mask_loadu_ps(ninf, lanes(j), s + j));
+    mx = _mm512_reduce_max_ps(vmx) * scale;
+  } else {
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t j = 0; j < w; j += 16) {
+      const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s + j), vscale);
+      vmx = _mm512_max_ps(vmx, _mm512_mask_mov_ps(ninf, lanes(j), x));
+    }
+    mx = _mm512_reduce_max_ps(vmx);
+  }
+  const float m_new = fmax_(m, mx);
+  const float m_off = m_new == -kInf ? 0.0f : m_new;
   const float alpha = fast_exp(m - m_off);  // exp(-inf) == 0 on the first block
-  const __m512 off = _mm512_set1_ps(m_off);
+  constexpr float kLog2e = 1.44269504088896341f;
+  const __m512 c1 = _mm512_set1_ps(scale * kLog2e), c0 = _mm512_set1_ps(-m_off * kLog2e);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t j = 0; j < w; j += 32) {
-    const __m512 p0 =
-        exp_softmax(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j), vscale), off));
-    const __m512 p1 =
-        exp_softmax(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(s + j + 16), vscale), off));
+    const __m512 t0 = _mm512_fmadd_ps(_mm512_loadu_ps(s + j), c1, c0);
+    const __m512 t1 = _mm512_fmadd_ps(_mm512_loadu_ps(s + j + 16), c1, c0);
+    const __m512 p0 = exp2_softmax(_mm512_mask_mov_ps(ninf, lanes(j), t0));
+    const __m512 p1 = exp2_softmax(_mm512_mask_mov_ps(ninf, lanes(j + 16), t1));
     const __m512i r = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
     _mm512_storeu_si512(pb + j, r);
     // back to fp32: a bf16 is the high half of its float
@@ -413,11 +435,8 @@ BF_BF16_TARGET BF_INLINE void bf16_task(bf16* out, const bf16* qkv, const Sequen
       } else {
         score_tile_bf16<ROWS>(q2, kt2 + kb * dp, dp, valid, sp);
       }
-      for (int r = 0; r < ROWS; ++r) {
-        float* BF_RESTRICT sr = sp + r * sw;
-        for (int64_t j = valid; j < w; ++j) sr[j] = -std::numeric_limits<float>::infinity();
-        alphas[r] = softmax_row_bf16(sr, w, scale, m[r], l[r], p16 + r * sw);
-      }
+      for (int r = 0; r < ROWS; ++r)
+        alphas[r] = softmax_row_bf16(sp + r * sw, valid, scale, m[r], l[r], p16 + r * sw);
       if constexpr (kAmx) {
         float* BF_RESTRICT pv = sc.pvbuf.data();
         amx_pv(p16, sw, v2 + kb / 2 * dpad, dpad, w, pv);

@@ -165,3 +165,23 @@ def test_attention_bf16_nonfinite_scale(isa, scale):
     out = ops.attention(*args, backend="cpu")
     assert torch.equal(torch.isnan(out), torch.isnan(_gold("attention", args)))
     assert (out[2] == 0).all() and (out[1, 150:] == 0).all()
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.3, 1e-30])
+def test_attention_bf16_any_finite_scale(isa, scale):
+    """A zero, negative or tiny scale is applied to the scores before the key mask, so
+    keys past a sequence's end (a length off a multiple of 32) stay out of the softmax:
+    scale 0 is a plain mean over the real keys' V."""
+    torch.manual_seed(11)
+    lengths, heads, d = [37, 5, 64], 2, 32
+    qkv = torch.randn(sum(lengths), 3 * heads * d)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths).cumsum(0)
+    args = (qkv, cu, max(lengths), heads, scale)
+    assert_parity("attention_varlen", "cpu", args, torch.bfloat16)
+    if scale == 0.0:
+        out = ops.attention_varlen(qkv.bfloat16(), cu, max(lengths), heads, scale, backend="cpu")
+        v = qkv.bfloat16().float()[:, 2 * heads * d :]
+        for b, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            mean = v[b:e].mean(0, keepdim=True).expand(e - b, -1)
+            torch.testing.assert_close(out[b:e].float(), mean, atol=2e-2, rtol=2e-2)
