@@ -7,13 +7,13 @@ tokenizer, model and pooling) so that the contract does not rest on bertfast alo
 """
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from bertfast.bench import accuracy as acc
 from bertfast.presets import packaged_minilm
+from tests.scripts import load_script
 
 pytestmark = pytest.mark.slow
 
@@ -80,12 +80,7 @@ def test_reference_matches_sentence_transformers(texts, reference):
 def test_queries_find_the_sentences_they_paraphrase(texts, reference):
     """The retrieval check is meaningful: under fp32, each query's top-10 holds the
     corpus sentence it paraphrases (the generator's pairs)."""
-    import importlib.util
-
-    generator = Path(__file__).resolve().parents[1] / "tools" / "make_accuracy_corpus.py"
-    spec = importlib.util.spec_from_file_location("make_accuracy_corpus", generator)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("tools/make_accuracy_corpus.py")
     corpus, queries = texts
     _, ref, ref_q = reference
     assert [q for _, q in module.PAIRS] == queries

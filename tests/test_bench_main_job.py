@@ -5,7 +5,6 @@ command line's argument checks. No timed assertions: times only have to be real.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 
 from bertfast.bench import main_job
 from bertfast.embedder import default_checkpoint
+from tests.scripts import load_script
 
 st = pytest.importorskip("sentence_transformers")
 
@@ -42,11 +42,7 @@ def result(model):
 
 
 def _load_cli():
-    path = ROOT / "benchmarks" / "main_job.py"
-    spec = importlib.util.spec_from_file_location("main_job_cli", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/main_job.py")
 
 
 def test_rows_times_and_counts(result, model):

@@ -3,14 +3,13 @@ texts, lengths from 1 to 256 WordPiece tokens, several languages and scripts, co
 numbers, URLs and emoji; 100 retrieval queries; and the files are exactly what the
 generator script writes."""
 
-import importlib.util
 import re
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from bertfast.bench.accuracy import data_file, load_corpus, load_queries
+from tests.scripts import ROOT, load_script
 
 CORPUS = load_corpus()
 QUERIES = load_queries()
@@ -107,13 +106,11 @@ def test_code_numbers_urls_questions():
 
 
 #: The generator lives in the repository, not in the package (issue 29).
-GENERATOR = Path(__file__).resolve().parents[1] / "tools" / "make_accuracy_corpus.py"
+GENERATOR = ROOT / "tools" / "make_accuracy_corpus.py"
 
 
 def test_files_are_the_generator_output():
-    spec = importlib.util.spec_from_file_location("make_accuracy_corpus", GENERATOR)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("tools/make_accuracy_corpus.py")
     corpus, queries = module.build()
     assert corpus == CORPUS
     assert queries == QUERIES

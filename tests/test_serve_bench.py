@@ -9,7 +9,6 @@ Nothing here asserts a speed; the closed-loop test bounds what a delay implies.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -25,6 +24,7 @@ import pytest
 
 from bertfast.bench import serving
 from bertfast.bench.sweep import read_rows
+from tests.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 20.0
@@ -250,11 +250,7 @@ def test_server_specs():
 
 
 def _load_cli():
-    path = ROOT / "benchmarks" / "serve_bench.py"
-    spec = importlib.util.spec_from_file_location("serve_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/serve_bench.py")
 
 
 def test_rounds_alternate_and_the_table_has_ratios(tmp_path, capsys):
