@@ -12,11 +12,13 @@
 #include <torch/csrc/stable/library.h>
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "binding.h"
 #include "cpu_bf16_ops.h"
 #include "cpu_int8_ops.h"
+#include "registry.h"
 
 #include "cpu/kernels.h"
 
@@ -260,6 +262,22 @@ Tensor linear_packed(const Tensor& x, const Tensor& packed, const OptTensor& bia
   return out;
 }
 
+// Whether a step ran inside the one running now on this thread (the step profile
+// records innermost steps only: a layer's GEMMs, not the layer).
+thread_local bool t_inner_step = false;
+
+// run() timed into the step profile (registry.h) when no step ran inside it.
+template <typename F>
+Tensor timed_step(const char* name, F&& run) {
+  t_inner_step = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  Tensor out = run();
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+  if (!t_inner_step) step_profile_record(name, took.count());
+  t_inner_step = true;  // for the step this one ran inside
+  return out;
+}
+
 // Runs one step of a composite entry point (encoder_layer): an error of the entry point
 // it calls ("<Kind>: bertfast._C.cpu.<inner>: <what>") is raised as the composite's,
 // naming the step: "<Kind>: bertfast._C.cpu.<op>: <step> (<inner>): <what>".
@@ -282,7 +300,7 @@ Tensor step(const Op& op, const char* name, F&& run) {
     return msg.substr(std::string(tag).size());
   };
   try {
-    return run();
+    return step_profile_on() ? timed_step(name, run) : run();
   } catch (const std::exception& e) {
     if (auto m = untagged(e.what(), "ValueError: ")) op.value_error(renamed(*m));
     if (auto m = untagged(e.what(), "TypeError: ")) op.type_error(renamed(*m));

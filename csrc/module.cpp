@@ -121,6 +121,20 @@ PYBIND11_MODULE(_C, m) {
       "the int8 micro-kernel a call with this isa runs: 'amx', 'vnni' or 'avx2' (None reads "
       "BERTFAST_CPU_INT8_ISA; ValueError for a name this CPU cannot run)",
       arg("isa") = py::none());
+  cpu.def("step_profile_start", &bertfast::step_profile_start,
+          "clear the step profile and turn it on: from now each innermost step of "
+          "encoder_forward / encoder_layer (and their int8 forms) adds its wall time "
+          "to its name's total (csrc/step_profile.cpp)");
+  cpu.def(
+      "step_profile_stop",
+      [] {
+        py::list out;
+        for (const auto& s : bertfast::step_profile_stop())
+          out.append(py::make_tuple(s.name, s.seconds, s.calls));
+        return out;
+      },
+      "turn the step profile off; its totals as [(step name, seconds, calls)], in the "
+      "order the steps first ran");
 #ifdef BERTFAST_WITH_CUDA
   auto cuda = m.def_submodule(
       "cuda",

@@ -357,12 +357,14 @@ def _bf16_gemm_amx() -> bool:
 BF16_PANELS: bool = _bf16_gemm_amx()
 
 #: Rows up to which a bf16 weight oneDNN holds in the C++ bf16 GEMM's panels runs on
-#: that GEMM (reading oneDNN's buffer in place), above on oneDNN. Per GEMM, hot
-#: caches, 2 threads, Intel Xeon (Emerald Rapids) AMX, C++ / oneDNN us, MiniLM QKV
-#: (1152 x 384): 1 row 39 / 54, 16 rows 32 / 56, 64 rows 73 / 84, 128 rows 180 / 150
-#: (``benchmarks/experiments/bf16_few_rows.py --gemms``; every shape in
-#: benchmarks/results/cpu-intel-xeon-amx-2t/notes.md, "bf16 few rows").
-BF16_SMALL_ROWS = 64
+#: that GEMM (reading oneDNN's buffer in place), above on oneDNN. Whole MiniLM bf16
+#: forwards, 2 threads, Intel Xeon (Emerald Rapids) AMX, the limit at 64 / at 128 in
+#: one process, alternating: 1x96 1.17x, 1x128 1.09x, 2x64 1.26x, 4x32 1.23x faster at
+#: 128 (one native call instead of oneDNN op by op); per GEMM, hot caches, C++ / oneDNN
+#: us at 128 rows: QKV (1152 x 384) 171 / 196, FFN in 237 / 255, FFN out 225 / 292
+#: (``benchmarks/experiments/bf16_few_rows.py --gemms``; benchmarks/results/
+#: cpu-intel-xeon-amx-2t/notes.md, "bf16 few rows" and the session of 2026-11-28, last).
+BF16_SMALL_ROWS = 128
 
 
 def small_rows(dtype: torch.dtype) -> int:

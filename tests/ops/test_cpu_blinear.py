@@ -49,6 +49,7 @@ SHAPES = [  # (M, N, K)
     (16, 100, 70),  # M a whole tile, K padded
     (17, 130, 384),  # a 1-row last tile, N past two panel pairs
     (37, 96, 31),  # N a multiple of 32, not 64: a task with one panel
+    (52, 96, 70),  # a task with one panel, K padded, rows not a multiple of 16
     (64, 1152, 384),  # M a whole task, K whole k blocks: no padded copy on AMX
     (16, 33, 1536),  # no padded copy, N odd
     (37, 64, 1536),

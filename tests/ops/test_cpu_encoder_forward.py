@@ -121,8 +121,9 @@ def test_bf16_rows_above_the_limit_run_on_onednn(zoo, monkeypatch):  # noqa: F81
     model = _bf16_model(folder, "onednn", monkeypatch)
     small_ids, small_mask = _batch([5, 3], hf.config.vocab_size)
     _last(model, small_ids, small_mask)  # the runner now keeps the few-rows operands
-    half = cpu_weights.BF16_SMALL_ROWS // 2 + 8  # between the bf16 and fp32 limits
-    ids, mask = _batch([half, half], hf.config.vocab_size)
+    # Rows of 36 tokens (the zoo's models take 40), more of them than the bf16 limit.
+    seqs = cpu_weights.BF16_SMALL_ROWS // 36 + 1
+    ids, mask = _batch([36] * seqs, hf.config.vocab_size)
     count = Count(monkeypatch)
     got = _last(model, ids, mask)
     assert (count.ran, count.declined) == (0, 1)
