@@ -309,6 +309,24 @@ Tensor step(const Op& op, const char* name, F&& run) {
   }
 }
 
+// attention_varlen on the bf16 rounding of an fp32 qkv, its bf16 output widened back
+// to fp32: what an int8 model's attention runs (bertfast/ops/quant.py,
+// attention_dtype), in the one call and op by op alike. The two conversions are
+// cpu::convert's (nearest even), with no torch cast or its per-call cost between.
+Tensor attention_varlen_bf16(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max_seqlen,
+                             int64_t num_heads, double scale) {
+  Op op = cpu_op("attention_varlen_bf16");
+  op.tensor(qkv, "qkv", ScalarType::Float);
+  Tensor q16 = empty(shape_of(qkv), qkv, ScalarType::BFloat16);
+  cpu::convert(kFloat32, kBFloat16, q16.data_ptr(), qkv.const_data_ptr(), qkv.numel(), threads());
+  const Tensor ctx = step(op, "attention", [&] {
+    return attention_varlen(q16, cu_seqlens, max_seqlen, num_heads, scale);
+  });
+  Tensor out = empty(shape_of(ctx), ctx, ScalarType::Float);
+  cpu::convert(kBFloat16, kFloat32, out.data_ptr(), ctx.const_data_ptr(), ctx.numel(), threads());
+  return out;
+}
+
 // A composite's linear step on packed panels: fp32 h on linear_packed's panels, bf16 h
 // on blinear's (bgemm_pack's; kernels/cpu/bgemm.h). Any other dtype is named by
 // linear_packed's check.
@@ -364,16 +382,8 @@ Tensor encoder_layer(const Tensor& h, const Tensor& cu_seqlens, int64_t max_seql
   });
 }
 
-// `y` (fp32) as a new tensor of `dtype`, rounded by torch's own cast (aten::copy_), so
-// a composite step equals the op-by-op path's `y.to(dtype)` bit for bit.
-Tensor cast(const Tensor& y, ScalarType dtype) {
-  Tensor out = empty(shape_of(y), y, dtype);
-  torch::stable::copy_(out, y);
-  return out;
-}
-
-// encoder_layer for a model loaded with quantize="int8" (its attention in fp32, or on
-// bf16 copies of Q, K, V when attention_bf16, as quant.attention_dtype says): each
+// encoder_layer for a model loaded with quantize="int8" (its attention in fp32, or
+// attention_varlen_bf16 when attention_bf16, as quant.attention_dtype says): each
 // linear layer is qlinear on the layer's int8 weight (packed, colsum, w_scale as
 // qgemm_pack and the model made them; bit g of `split` is GEMM g's split flag, the
 // GEMMs in the order QKV, attention output, FFN in, FFN out). The ops and their order
@@ -401,8 +411,7 @@ Tensor encoder_layer_int8(
   });
   const Tensor ctx = step(op, "attention", [&] {
     if (!attention_bf16) return attention_varlen(y, cu_seqlens, max_seqlen, num_heads, scale);
-    const Tensor y16 = cast(y, ScalarType::BFloat16);
-    return cast(attention_varlen(y16, cu_seqlens, max_seqlen, num_heads, scale), ScalarType::Float);
+    return attention_varlen_bf16(y, cu_seqlens, max_seqlen, num_heads, scale);
   });
   Tensor a = step(op, "attention output projection", [&] {
     return cpu_qlinear(ctx, attn_out, attn_out_colsum, attn_out_scale, std::nullopt, none, none,
@@ -567,6 +576,11 @@ STABLE_TORCH_LIBRARY(bertfast_cpu, m) {
   m.def(
       "attention_varlen(Tensor qkv, Tensor cu_seqlens, int max_seqlen, int num_heads, "
       "float scale) -> Tensor");
+  // attention_varlen on fp32 qkv rounded to bf16 (nearest even), the output widened
+  // back to fp32 [T, H] (an int8 model's attention; quant.attention_dtype).
+  m.def(
+      "attention_varlen_bf16(Tensor qkv, Tensor cu_seqlens, int max_seqlen, int num_heads, "
+      "float scale) -> Tensor");
   // x[indices] (IndexError out of range).
   m.def("pack_rows(Tensor x, Tensor indices) -> Tensor");
   // out[indices[i]] = x[i], zero rows elsewhere, num_rows rows.
@@ -598,7 +612,7 @@ STABLE_TORCH_LIBRARY(bertfast_cpu, m) {
       "Tensor ffn_ln_weight, Tensor ffn_ln_bias, float eps, bool allow_avx512=True) -> Tensor");
   // encoder_layer with int8 linear layers (qlinear's packed, colsum, w_scale each;
   // split: a 4-bit mask of the GEMMs' split flags), attention in fp32 or, when
-  // attention_bf16, on Q, K, V cast to bf16 (the output cast back to fp32).
+  // attention_bf16, attention_varlen_bf16.
   m.def(
       "encoder_layer_int8(Tensor h, Tensor cu_seqlens, int max_seqlen, int num_heads, "
       "float scale, Tensor qkv, Tensor qkv_colsum, Tensor qkv_scale, Tensor? qkv_bias, "
@@ -634,6 +648,7 @@ STABLE_TORCH_LIBRARY_IMPL(bertfast_cpu, CompositeExplicitAutograd, m) {
   m.impl("bias_act", TORCH_BOX(&bias_act));
   m.impl("attention", TORCH_BOX(&attention));
   m.impl("attention_varlen", TORCH_BOX(&attention_varlen));
+  m.impl("attention_varlen_bf16", TORCH_BOX(&attention_varlen_bf16));
   m.impl("pack_rows", TORCH_BOX(&pack_rows));
   m.impl("unpack_rows", TORCH_BOX(&unpack_rows));
   m.impl("pool_packed", TORCH_BOX(&pool_packed));

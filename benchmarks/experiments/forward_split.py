@@ -19,6 +19,7 @@ forward that runs op by op (rows above the C++ GEMM's limit) is split by
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -95,14 +96,21 @@ def main() -> None:
             with torch.inference_mode():
                 return model(ids).last_hidden_state
 
-        run()
+        for _ in range(3):
+            run()
         native_calls.clear()
+        times = []
         _C.cpu.step_profile_start()
-        stats = measure(run, "cpu", warmup=2, max_rounds=10**6, budget_s=args.seconds)
+        end = time.perf_counter() + args.seconds
+        while time.perf_counter() < end or len(times) < 5:
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
         steps = _C.cpu.step_profile_stop()
-        forwards = len(stats.times) + 2
-        wall = stats.median * 1e3
-        print(f"\n{shape}: {wall:.3f} ms a forward (median of {len(stats.times)})")
+        forwards = len(times)
+        wall = statistics.mean(times) * 1e3
+        median = statistics.median(times) * 1e3
+        print(f"\n{shape}: {wall:.3f} ms a forward (mean of {forwards}; median {median:.3f})")
         if steps and len(native_calls) == forwards:
             _print_steps(steps, native_calls, forwards, wall, cfg, B * S, ceiling)
         else:
@@ -111,7 +119,7 @@ def main() -> None:
 
 def _print_steps(steps, native_calls, forwards, wall, cfg, tokens, ceiling) -> None:
     native = sum(native_calls) / forwards * 1e3
-    print("  one native call; per forward (mean):")
+    print("  one native call; ms a forward (means over the same forwards):")
     print(f"  {'step':30s} {'ms':>8s} {'share':>6s} {'GFLOP/s':>8s} {'x ceiling':>9s}")
     total = 0.0
     for name, seconds, _calls in steps:
@@ -135,7 +143,7 @@ def _print_ops(run, forwards: int, wall: float) -> None:
         for _ in range(forwards):
             run()
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    print("  op by op (torch.profiler, self CPU time, per forward):")
+    print("  op by op (torch.profiler, each op's own CPU time, ms a forward):")
     for e in events[:10]:
         ms = e.self_cpu_time_total / forwards / 1e3
         print(f"  {e.key:40s} {ms:8.3f} {ms / wall:6.1%}  x{e.count // forwards}")

@@ -220,6 +220,15 @@ def attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
     )
 
 
+def attention_varlen_bf16(qkv, cu_seqlens, max_seqlen, num_heads, scale):
+    """``attention_varlen`` of fp32 ``qkv`` rounded to bf16, the output widened back
+    to fp32: an int8 model's attention (``quant.attention_dtype``), op by op as in
+    ``encoder_layer_int8``."""
+    return _kernels.attention_varlen_bf16(
+        qkv.contiguous(), cu_seqlens.contiguous(), int(max_seqlen), int(num_heads), float(scale)
+    )
+
+
 # ---------------------------------------------------------------- pack / unpack
 def pack_tokens(x, indices):
     return _kernels.pack_rows(x.contiguous(), indices.contiguous())

@@ -310,8 +310,8 @@ class CpuEncoder:
             y = linear(x, qkv["weight"], qkv["bias"])
             if ad is None:
                 ctx = attention(y, cu_block, max_len, nh, scale)
-            else:
-                ctx = attention(y.to(ad), cu_block, max_len, nh, scale).to(y.dtype)
+            else:  # bf16 (quant.attention_dtype): what encoder_layer_int8 runs
+                ctx = _cpu.attention_varlen_bf16(y, cu_block, max_len, nh, scale)
             a = linear(ctx, proj["weight"], None)
             ln = ln._parameters
             return add_ln(a, x, proj["bias"], ln["weight"], ln["bias"], eps, out=out)

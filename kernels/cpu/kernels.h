@@ -35,6 +35,11 @@ void add_layernorm(int dtype, void* out, const void* x, const void* residual, co
                    const void* weight, const void* ln_bias, int64_t rows, int64_t hidden, float eps,
                    int num_threads);
 
+// ------------------------------------------------------------------ convert.cpp
+// out[j] = x[j] in dst_dtype for j < n (src_dtype, dst_dtype: DType codes; rounded
+// once, to nearest even; NaN stays NaN).
+void convert(int src_dtype, int dst_dtype, void* out, const void* x, int64_t n, int num_threads);
+
 // ------------------------------------------------------------------ bias_act.cpp
 // out = act(x + bias) over [rows, cols] (bias may be null; out may equal x).
 void bias_act(int dtype, void* out, const void* x, const void* bias, int64_t rows, int64_t cols,

@@ -185,3 +185,34 @@ def test_attention_bf16_any_finite_scale(isa, scale):
         for b, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
             mean = v[b:e].mean(0, keepdim=True).expand(e - b, -1)
             torch.testing.assert_close(out[b:e].float(), mean, atol=2e-2, rtol=2e-2)
+
+
+def _halfway(x: torch.Tensor, share: float, g: torch.Generator) -> torch.Tensor:
+    """``x`` with about ``share`` of its values moved to exactly halfway between two
+    bf16 neighbours (the low 16 bits 0x8000), where round-to-nearest-even decides."""
+    half = ((x.view(torch.int32) & ~0xFFFF) | 0x8000).view(torch.float32)
+    return torch.where(torch.rand(x.shape, generator=g) < share, half, x)
+
+
+@pytest.mark.parametrize("lengths", [[1], [16], [5, 17, 0, 3], [130]])
+def test_attention_varlen_bf16_is_attention_on_the_bf16_cast(isa, lengths):
+    """``_C.cpu.attention_varlen_bf16`` (an int8 model's attention, one call and op by
+    op): attention_varlen on torch's bf16 cast of the fp32 qkv, widened back by torch,
+    bit for bit; a quarter of the values sit exactly halfway between two bf16
+    numbers, where both must round to even; a NaN stays in its sequence."""
+    from bertfast import _C
+
+    heads, d = 2, 32
+    g = torch.Generator().manual_seed(sum(lengths))
+    qkv = _halfway(torch.randn(sum(lengths), 3 * heads * d, generator=g), 0.25, g)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths).cumsum(0)
+    args = (cu, max(lengths), heads, d**-0.5)
+    want = _C.cpu.attention_varlen(qkv.to(torch.bfloat16), *args).to(torch.float32)
+    got = _C.cpu.attention_varlen_bf16(qkv, *args)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    qkv[0, 0] = float("nan")  # a query of the first sequence's first head
+    want = _C.cpu.attention_varlen(qkv.to(torch.bfloat16), *args).to(torch.float32)
+    got = _C.cpu.attention_varlen_bf16(qkv, *args)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert got[0, :d].isnan().all() and not got[lengths[0] :].isnan().any()

@@ -230,3 +230,48 @@ def test_weights_changed_after_a_call(how, zoo, monkeypatch):  # noqa: F811
     assert count.ran == (0 if how == "unpack_weights" else 1)
     assert not torch.equal(after, before)
     assert torch.equal(after, _op_by_op(model, ids, mask, monkeypatch))
+
+
+STEPS = [
+    "embeddings",
+    "QKV projection",
+    "attention",
+    "attention output projection",
+    "attention LayerNorm",
+    "FFN in",
+    "FFN out",
+    "FFN LayerNorm",
+]
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_step_profile_times_each_step_of_the_one_call(quantize, zoo, monkeypatch):  # noqa: F811
+    """``_C.cpu.step_profile_start`` / ``step_profile_stop`` (what
+    benchmarks/experiments/forward_split.py reads): while on, each innermost step of
+    the one-call forward adds its wall time, the embeddings once a forward and each
+    layer step once a layer (a layer is not a step of its own); the steps' sum is
+    within the forwards' wall time; stopped, it keeps nothing more."""
+    import time
+
+    from bertfast import _C
+
+    hf, folder = zoo["bert"]
+    model = bertfast.from_pretrained(folder, backend="cpu", quantize=quantize)
+    ids, mask = _batch([7, 3], hf.config.vocab_size)
+    _last(model, ids, mask)
+    count = Count(monkeypatch)
+    forwards, layers = 3, hf.config.num_hidden_layers
+    _C.cpu.step_profile_start()
+    t0 = time.perf_counter()
+    for _ in range(forwards):
+        _last(model, ids, mask)
+    wall = time.perf_counter() - t0
+    steps = _C.cpu.step_profile_stop()
+    assert (count.ran, count.declined) == (forwards, 0)
+    assert [name for name, _, _ in steps] == STEPS
+    calls = {name: n for name, _, n in steps}
+    assert calls == {name: forwards * (1 if name == "embeddings" else layers) for name in STEPS}
+    assert all(seconds > 0 for _, seconds, _ in steps)
+    assert sum(seconds for _, seconds, _ in steps) <= wall
+    _last(model, ids, mask)
+    assert _C.cpu.step_profile_stop() == []

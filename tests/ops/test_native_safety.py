@@ -265,6 +265,42 @@ CASES = {
         TypeError,
         "cu_seqlens has dtype Long",
     ),
+    "varlen bf16/qkv bf16": (
+        cpu.attention_varlen_bf16,
+        dict(
+            qkv=torch.randn(6, 96).bfloat16(),
+            cu=torch.tensor([0, 6], dtype=torch.int32),
+            max_seqlen=6,
+            heads=1,
+            scale=0.1,
+        ),  # fmt: skip
+        TypeError,
+        "qkv has dtype BFloat16, expected Float",
+    ),
+    "varlen bf16/cu past the end": (
+        cpu.attention_varlen_bf16,
+        dict(
+            qkv=torch.randn(6, 96),
+            cu=torch.tensor([0, 4, 9], dtype=torch.int32),
+            max_seqlen=6,
+            heads=1,
+            scale=0.1,
+        ),  # fmt: skip
+        IndexError,
+        "attention (attention_varlen): cu_seqlens",
+    ),
+    "varlen bf16/qkv width": (
+        cpu.attention_varlen_bf16,
+        dict(
+            qkv=torch.randn(6, 95),
+            cu=torch.tensor([0, 6], dtype=torch.int32),
+            max_seqlen=6,
+            heads=1,
+            scale=0.1,
+        ),  # fmt: skip
+        ValueError,
+        "attention (attention_varlen): ",
+    ),
     "varlen/cu empty": (
         cpu.attention_varlen,
         dict(
@@ -1118,7 +1154,9 @@ def test_every_entry_point_is_covered():
     }
     covered = {fn.__name__ for fn, *_ in ALL_CASES.values()}
     # linear_panel_width takes only a bool, int8_isa only a name: they read nothing.
-    exempt = {"linear_panel_width"} | ({"int8_isa"} if hasattr(cpu, "int8_isa") else set())
+    # The step profile's two functions take no argument.
+    exempt = {"linear_panel_width", "step_profile_start", "step_profile_stop"}
+    exempt |= {"int8_isa"} if hasattr(cpu, "int8_isa") else set()
     assert entry_points - covered == exempt
 
 
