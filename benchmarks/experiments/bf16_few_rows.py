@@ -8,10 +8,13 @@ folder in one process (the second with ``BF16_PANELS`` off) and timed in rotatin
 rounds on the same inputs; medians of the rounds' medians and their ratio (only ratios
 inside one run mean anything on a shared machine). ``--gemms`` also times each
 distinct GEMM of the model alone, C++ (``_C.cpu.blinear``) against oneDNN
-(``mkldnn._linear_pointwise`` on the prepacked weight), hot caches. Usage::
+(``mkldnn._linear_pointwise`` on the prepacked weight), hot caches. ``--limits
+64,128`` instead times the model with the panels under each value of
+``cpu_weights.BF16_SMALL_ROWS`` (the row limit of the C++ bf16 GEMM), alternating
+round by round: the A/B that set the limit. Usage::
 
     python benchmarks/experiments/bf16_few_rows.py [--model minilm|bert-base|FOLDER] \
-        [--shapes 1x16,1x64] [--gemms]
+        [--shapes 1x16,1x64] [--gemms] [--limits 64,128]
 """
 
 from __future__ import annotations
@@ -35,11 +38,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--seconds", type=float, default=0.3, help="per variant per round")
     ap.add_argument("--gemms", action="store_true", help="also time each GEMM alone")
+    ap.add_argument("--limits", help="A/B of cpu_weights.BF16_SMALL_ROWS values, e.g. 64,128")
     args = ap.parse_args()
     if not cpu_weights.BF16_PANELS:
         raise SystemExit("the C++ bf16 GEMM runs on AMX only; this CPU (or OS) has none")
     torch.set_num_threads(args.threads)
     folder = presets.resolve(args.model)
+    if args.limits:
+        _limits(folder, [int(v) for v in args.limits.split(",")], args)
+        return
     models = {"panels": bertfast.from_pretrained(folder, backend="cpu", dtype=torch.bfloat16)}
     cpu_weights.BF16_PANELS = False  # read at load: oneDNN's form without panels
     models["oneDNN"] = bertfast.from_pretrained(folder, backend="cpu", dtype=torch.bfloat16)
@@ -71,6 +78,35 @@ def main() -> None:
         print(f"{shape:>7s} {med['panels']:9.3f} {med['oneDNN']:9.3f}  {ratio:15.2f}  {diff:.3g}")
     if args.gemms:
         _gemms(models["panels"], args)
+
+
+def _limits(folder, limits: list[int], args) -> None:
+    """One bf16 model, timed under each ``BF16_SMALL_ROWS`` in ``limits``, rotating."""
+    model = bertfast.from_pretrained(folder, backend="cpu", dtype=torch.bfloat16)
+    default = cpu_weights.BF16_SMALL_ROWS
+    print(f"{folder} (bf16): {args.threads} threads, ms per forward, median of {args.rounds}")
+    print(f"{'shape':>7s} " + " ".join(f"{f'limit {v}':>10s}" for v in limits), end="")
+    print("  " + " ".join(f"{limits[0]} / {v}" for v in limits[1:]))
+    for shape in args.shapes.split(","):
+        B, S = (int(v) for v in shape.split("x"))
+        ids = torch.randint(1000, model.config.vocab_size, (B, S))
+
+        def run(ids=ids):
+            with torch.inference_mode():
+                return model(ids).last_hidden_state
+
+        res = {v: [] for v in limits}
+        for r in range(args.rounds):
+            for v in limits[r % len(limits) :] + limits[: r % len(limits)]:
+                cpu_weights.BF16_SMALL_ROWS = v
+                stats = measure(run, "cpu", warmup=1, max_rounds=10**6, budget_s=args.seconds)
+                res[v].append(stats.median * 1e3)
+        cpu_weights.BF16_SMALL_ROWS = default
+        med = {v: statistics.median(res[v]) for v in limits}
+        ratios = " ".join(
+            f"{med[limits[0]] / med[v]:>{len(f'{limits[0]} / {v}')}.2f}" for v in limits[1:]
+        )
+        print(f"{shape:>7s} " + " ".join(f"{med[v]:10.3f}" for v in limits) + "  " + ratios)
 
 
 def _gemms(model, args) -> None:
