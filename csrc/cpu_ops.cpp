@@ -281,8 +281,11 @@ Tensor timed_step(const char* name, F&& run) {
 // Runs one step of a composite entry point (encoder_layer): an error of the entry point
 // it calls ("<Kind>: bertfast._C.cpu.<inner>: <what>") is raised as the composite's,
 // naming the step: "<Kind>: bertfast._C.cpu.<op>: <step> (<inner>): <what>".
+// `profiled`: the step is one of the step profile's (registry.h); false for a call an
+// entry point makes inside its own work (attention_varlen_bf16), which the profile
+// then counts as part of the step that entry point is.
 template <typename F>
-Tensor step(const Op& op, const char* name, F&& run) {
+Tensor step(const Op& op, const char* name, F&& run, bool profiled = true) {
   const auto renamed = [name](const std::string& msg) {
     const std::string prefix = "bertfast._C.cpu.";
     if (msg.rfind(prefix, 0) == 0) {
@@ -300,7 +303,7 @@ Tensor step(const Op& op, const char* name, F&& run) {
     return msg.substr(std::string(tag).size());
   };
   try {
-    return step_profile_on() ? timed_step(name, run) : run();
+    return profiled && step_profile_on() ? timed_step(name, run) : run();
   } catch (const std::exception& e) {
     if (auto m = untagged(e.what(), "ValueError: ")) op.value_error(renamed(*m));
     if (auto m = untagged(e.what(), "TypeError: ")) op.type_error(renamed(*m));
@@ -319,9 +322,10 @@ Tensor attention_varlen_bf16(const Tensor& qkv, const Tensor& cu_seqlens, int64_
   op.tensor(qkv, "qkv", ScalarType::Float);
   Tensor q16 = empty(shape_of(qkv), qkv, ScalarType::BFloat16);
   cpu::convert(kFloat32, kBFloat16, q16.data_ptr(), qkv.const_data_ptr(), qkv.numel(), threads());
-  const Tensor ctx = step(op, "attention", [&] {
-    return attention_varlen(q16, cu_seqlens, max_seqlen, num_heads, scale);
-  });
+  const Tensor ctx = step(
+      op, "attention",
+      [&] { return attention_varlen(q16, cu_seqlens, max_seqlen, num_heads, scale); },
+      /*profiled=*/false);
   Tensor out = empty(shape_of(ctx), ctx, ScalarType::Float);
   cpu::convert(kBFloat16, kFloat32, out.data_ptr(), ctx.const_data_ptr(), ctx.numel(), threads());
   return out;
