@@ -25,8 +25,8 @@ struct StepTime {
   int64_t calls;
 };
 bool step_profile_on();
-void step_profile_start();                     // clears the totals, turns it on
-std::vector<StepTime> step_profile_stop();     // turns it off, returns the totals
+void step_profile_start();                  // clears the totals, turns it on
+std::vector<StepTime> step_profile_stop();  // turns it off, returns the totals
 void step_profile_record(const std::string& name, double seconds);
 #ifdef BERTFAST_WITH_CUDA
 // Number of CUDA devices the runtime sees, or a negative cudaError_t code when there

@@ -39,11 +39,11 @@ void convert_impl(D* out, const S* x, int64_t n, int num_threads) {
 
 void convert(int src_dtype, int dst_dtype, void* out, const void* x, int64_t n, int num_threads) {
   if (n <= 0) return;
-  BF_DISPATCH_DTYPE(src_dtype, S,
-                    BF_DISPATCH_DTYPE(dst_dtype, D,
-                                      convert_impl<S, D>(static_cast<D*>(out),
-                                                         static_cast<const S*>(x), n,
-                                                         num_threads)));
+  BF_DISPATCH_DTYPE(
+      src_dtype, S,
+      BF_DISPATCH_DTYPE(
+          dst_dtype, D,
+          convert_impl<S, D>(static_cast<D*>(out), static_cast<const S*>(x), n, num_threads)));
 }
 
 }  // namespace cpu
