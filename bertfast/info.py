@@ -112,6 +112,15 @@ def native_dot_products(flags: list[str] | None = None) -> dict[str, list[str]]:
     return {kind: [f for f in names if f in have] for kind, names in NATIVE_DOT_FLAGS.items()}
 
 
+def _bf16_small_rows() -> str:
+    """``cpu_weights.BF16_SMALL_ROWS`` as text, or "a few" where the C++ part is missing."""
+    try:
+        from .ops.cpu_weights import BF16_SMALL_ROWS
+    except Exception:  # no bertfast._C (or no torch oneDNN) in this install
+        return "a few"
+    return str(BF16_SMALL_ROWS)
+
+
 def low_precision_paths(flags: list[str] | None = None) -> dict[str, str]:
     """What bf16 and int8 models run on with this CPU's flags (``cpu_info()``'s by
     default): ``bf16_attention``, ``bf16_gemm``, ``int8``, each a short description.
@@ -133,7 +142,8 @@ def low_precision_paths(flags: list[str] | None = None) -> dict[str, str]:
         isa = "AVX-512" if avx512 else "AVX2"
         attention = f"fp32 math on bf16 storage ({isa}; {why}), slower than fp32"
     if "amx_bf16" in have:  # where the OS grants the tiles: cpu_weights.BF16_PANELS
-        gemm = "bertfast's AMX GEMM up to 64 rows, oneDNN bf16 on AMX above (amx_bf16)"
+        rows = _bf16_small_rows()
+        gemm = f"bertfast's AMX GEMM up to {rows} rows, oneDNN bf16 on AMX above (amx_bf16)"
     elif "avx512_bf16" in have:
         gemm = "oneDNN bf16 on avx512_bf16"
     else:
