@@ -49,6 +49,12 @@ def _call(fn, kwargs):
     return fn(*kwargs.values())
 
 
+def _varlen(qkv, cu, max_seqlen=6):
+    """attention_varlen's (and attention_varlen_bf16's) arguments: one head, scale 0.1."""
+    cu = torch.tensor(cu, dtype=torch.int32)
+    return dict(qkv=qkv, cu=cu, max_seqlen=max_seqlen, heads=1, scale=0.1)
+
+
 # (entry point, arguments, exception, text the message must contain)
 CASES = {
     # embed_layernorm
@@ -267,37 +273,19 @@ CASES = {
     ),
     "varlen bf16/qkv bf16": (
         cpu.attention_varlen_bf16,
-        dict(
-            qkv=torch.randn(6, 96).bfloat16(),
-            cu=torch.tensor([0, 6], dtype=torch.int32),
-            max_seqlen=6,
-            heads=1,
-            scale=0.1,
-        ),  # fmt: skip
+        _varlen(torch.randn(6, 96).bfloat16(), [0, 6]),
         TypeError,
         "qkv has dtype BFloat16, expected Float",
     ),
     "varlen bf16/cu past the end": (
         cpu.attention_varlen_bf16,
-        dict(
-            qkv=torch.randn(6, 96),
-            cu=torch.tensor([0, 4, 9], dtype=torch.int32),
-            max_seqlen=6,
-            heads=1,
-            scale=0.1,
-        ),  # fmt: skip
+        _varlen(torch.randn(6, 96), [0, 4, 9]),
         IndexError,
         "attention (attention_varlen): cu_seqlens",
     ),
     "varlen bf16/qkv width": (
         cpu.attention_varlen_bf16,
-        dict(
-            qkv=torch.randn(6, 95),
-            cu=torch.tensor([0, 6], dtype=torch.int32),
-            max_seqlen=6,
-            heads=1,
-            scale=0.1,
-        ),  # fmt: skip
+        _varlen(torch.randn(6, 95), [0, 6]),
         ValueError,
         "attention (attention_varlen): ",
     ),
@@ -315,13 +303,7 @@ CASES = {
     ),
     "varlen/cu past the end": (
         cpu.attention_varlen,
-        dict(
-            qkv=torch.randn(6, 96),
-            cu=torch.tensor([0, 4, 9], dtype=torch.int32),
-            max_seqlen=6,
-            heads=1,
-            scale=0.1,
-        ),
+        _varlen(torch.randn(6, 96), [0, 4, 9]),
         IndexError,
         "cu_seqlens",
     ),
