@@ -278,14 +278,11 @@ Tensor timed_step(const char* name, F&& run) {
   return out;
 }
 
-// Runs one step of a composite entry point (encoder_layer): an error of the entry point
-// it calls ("<Kind>: bertfast._C.cpu.<inner>: <what>") is raised as the composite's,
-// naming the step: "<Kind>: bertfast._C.cpu.<op>: <step> (<inner>): <what>".
-// `profiled`: the step is one of the step profile's (registry.h); false for a call an
-// entry point makes inside its own work (attention_varlen_bf16), which the profile
-// then counts as part of the step that entry point is.
+// run(), its error raised as the caller's: an error of the entry point it calls
+// ("<Kind>: bertfast._C.cpu.<inner>: <what>") becomes op's, naming the part:
+// "<Kind>: bertfast._C.cpu.<op>: <name> (<inner>): <what>".
 template <typename F>
-Tensor step(const Op& op, const char* name, F&& run, bool profiled = true) {
+Tensor errors_as(const Op& op, const char* name, F&& run) {
   const auto renamed = [name](const std::string& msg) {
     const std::string prefix = "bertfast._C.cpu.";
     if (msg.rfind(prefix, 0) == 0) {
@@ -303,13 +300,20 @@ Tensor step(const Op& op, const char* name, F&& run, bool profiled = true) {
     return msg.substr(std::string(tag).size());
   };
   try {
-    return profiled && step_profile_on() ? timed_step(name, run) : run();
+    return run();
   } catch (const std::exception& e) {
     if (auto m = untagged(e.what(), "ValueError: ")) op.value_error(renamed(*m));
     if (auto m = untagged(e.what(), "TypeError: ")) op.type_error(renamed(*m));
     if (auto m = untagged(e.what(), "IndexError: ")) op.index_error(renamed(*m));
     throw;
   }
+}
+
+// One step of a composite entry point (encoder_layer, encoder_forward): its errors
+// named as errors_as names them, its time in the step profile when that is on.
+template <typename F>
+Tensor step(const Op& op, const char* name, F&& run) {
+  return errors_as(op, name, [&] { return step_profile_on() ? timed_step(name, run) : run(); });
 }
 
 // attention_varlen on the bf16 rounding of an fp32 qkv, its bf16 output widened back
@@ -322,10 +326,10 @@ Tensor attention_varlen_bf16(const Tensor& qkv, const Tensor& cu_seqlens, int64_
   op.tensor(qkv, "qkv", ScalarType::Float);
   Tensor q16 = empty(shape_of(qkv), qkv, ScalarType::BFloat16);
   cpu::convert(kFloat32, kBFloat16, q16.data_ptr(), qkv.const_data_ptr(), qkv.numel(), threads());
-  const Tensor ctx = step(
-      op, "attention",
-      [&] { return attention_varlen(q16, cu_seqlens, max_seqlen, num_heads, scale); },
-      /*profiled=*/false);
+  // Not a step: the conversions and this call are one step of a composite together.
+  const Tensor ctx = errors_as(op, "attention", [&] {
+    return attention_varlen(q16, cu_seqlens, max_seqlen, num_heads, scale);
+  });
   Tensor out = empty(shape_of(ctx), ctx, ScalarType::Float);
   cpu::convert(kBFloat16, kFloat32, out.data_ptr(), ctx.const_data_ptr(), ctx.numel(), threads());
   return out;

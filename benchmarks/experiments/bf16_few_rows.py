@@ -20,6 +20,7 @@ round by round: the A/B that set the limit. Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 
 import torch
@@ -65,19 +66,24 @@ def main() -> None:
 
             runs[name] = run
         diff = (runs["panels"]().float() - runs["oneDNN"]().float()).abs().max().item()
-        res = {name: [] for name in runs}
-        order = list(runs)
-        for r in range(args.rounds):
-            for name in order[r % 2 :] + order[: r % 2]:
-                stats = measure(
-                    runs[name], "cpu", warmup=1, max_rounds=10**6, budget_s=args.seconds
-                )
-                res[name].append(stats.median * 1e3)
-        med = {name: statistics.median(v) for name, v in res.items()}
+        med = _rotate(runs, args)
         ratio = med["oneDNN"] / med["panels"]
         print(f"{shape:>7s} {med['panels']:9.3f} {med['oneDNN']:9.3f}  {ratio:15.2f}  {diff:.3g}")
     if args.gemms:
         _gemms(models["panels"], args)
+
+
+def _rotate(runs: dict, args) -> dict:
+    """Each of ``runs`` (name -> callable) timed in ``args.rounds`` rounds, the order
+    rotating round by round; the median of each one's round medians, in ms."""
+    res = {name: [] for name in runs}
+    order = list(runs)
+    for r in range(args.rounds):
+        k = r % len(order)
+        for name in order[k:] + order[:k]:
+            stats = measure(runs[name], "cpu", warmup=1, max_rounds=10**6, budget_s=args.seconds)
+            res[name].append(stats.median * 1e3)
+    return {name: statistics.median(v) for name, v in res.items()}
 
 
 def _limits(folder, limits: list[int], args) -> None:
@@ -91,18 +97,13 @@ def _limits(folder, limits: list[int], args) -> None:
         B, S = (int(v) for v in shape.split("x"))
         ids = torch.randint(1000, model.config.vocab_size, (B, S))
 
-        def run(ids=ids):
+        def run(limit, ids=ids):
+            cpu_weights.BF16_SMALL_ROWS = limit
             with torch.inference_mode():
                 return model(ids).last_hidden_state
 
-        res = {v: [] for v in limits}
-        for r in range(args.rounds):
-            for v in limits[r % len(limits) :] + limits[: r % len(limits)]:
-                cpu_weights.BF16_SMALL_ROWS = v
-                stats = measure(run, "cpu", warmup=1, max_rounds=10**6, budget_s=args.seconds)
-                res[v].append(stats.median * 1e3)
+        med = _rotate({v: functools.partial(run, v) for v in limits}, args)
         cpu_weights.BF16_SMALL_ROWS = default
-        med = {v: statistics.median(res[v]) for v in limits}
         ratios = " ".join(
             f"{med[limits[0]] / med[v]:>{len(f'{limits[0]} / {v}')}.2f}" for v in limits[1:]
         )
