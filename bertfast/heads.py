@@ -149,6 +149,7 @@ class HeadInput:
         unpack: Callable[[torch.Tensor], torch.Tensor],
         backend: str = "auto",
         num_choices: int | None = None,
+        lazy_pooler: bool = False,
     ):
         self.tokens = tokens
         self.info = info
@@ -156,6 +157,9 @@ class HeadInput:
         self.unpack = unpack
         self.backend = backend
         self.num_choices = num_choices
+        #: the base head leaves ``pooler_output`` to be computed on its first read
+        #: (:meth:`pooled_later`); the eager forward's choice, not a graph's or compile's
+        self.lazy_pooler = lazy_pooler
         # Computed on first use. (Not functools.cached_property: before Python 3.12 it
         # takes a lock, which torch.compile cannot trace.)
         self._cache = {}
@@ -176,14 +180,26 @@ class HeadInput:
 
     @property
     def pooled(self) -> torch.Tensor | None:
-        def compute():
-            if self.weight("pooler.weight") is None:
-                return None
-            pooled = pool(self.weight, self.first, self.backend)
-            # no padding (``dense``): no row is empty, nothing to mask
-            return pooled if self.info.dense else pooled.masked_fill(self.empty_rows, 0)
+        return self._once("pooled", lambda: self.pooled_later()())
 
-        return self._once("pooled", compute)
+    def pooled_later(self) -> Callable[[], torch.Tensor | None]:
+        """:attr:`pooled` as a function to call later: it holds the pooler weights
+        held now and each row's first token (``[B, H]``, taken now), not the hidden
+        states, so calling it after the weights were replaced still gives the pooler
+        of the forward that ran."""
+        w, b = self.weight("pooler.weight"), self.weight("pooler.bias")
+        if w is None:
+            return lambda: None
+        first, backend = self.first, self.backend
+        # no padding (``dense``): no row is empty, nothing to mask
+        empty = None if self.info.dense else self.empty_rows
+        held = {"pooler.weight": w, "pooler.bias": b}.get
+
+        def compute():
+            pooled = pool(held, first, backend)
+            return pooled if empty is None else pooled.masked_fill(empty, 0)
+
+        return compute
 
     def dense(self, name: str, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
         return dense(self.weight, name, x, act, self.backend)
@@ -216,7 +232,12 @@ class Head(nn.Module):
 
     def forward(self, inp: HeadInput, out: EncoderOutput) -> EncoderOutput:
         if self.reads_first:
-            out.pooler_output = inp.pooled
+            if inp.lazy_pooler and "pooled" not in inp._cache:
+                # Read on demand: a caller of the hidden states alone (an embedding
+                # model's usual call) does not pay for the pooler's GEMM.
+                out.defer("pooler_output", inp.pooled_later())
+            else:
+                out.pooler_output = inp.pooled
         self.run(inp, out)
         return out
 

@@ -930,10 +930,9 @@ class BertfastModel(nn.Module):
         out.last_hidden_state = self._unpack(h, info)
         if states is not None:
             out.hidden_states = tuple(self._unpack(s, info) for s in states)
-        return head(
-            H.HeadInput(h, info, self._w, lambda t: self._unpack(t, info), self.backend, choices),
-            out,
-        )
+        unpack = lambda t: self._unpack(t, info)  # noqa: E731
+        lazy = not torch.compiler.is_compiling()
+        return head(H.HeadInput(h, info, self._w, unpack, self.backend, choices, lazy), out)
 
 
 def from_pretrained(

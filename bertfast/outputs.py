@@ -4,11 +4,16 @@
 produce are ``None``. Access by attribute (``out.logits``) or by key
 (``out["logits"]``); ``keys()``/``items()``/``to_dict()`` list the fields that are
 set, and ``out[0]`` is the first set field (like transformers' ``ModelOutput``).
+
+A field may be *deferred* (:meth:`EncoderOutput.defer`): computed on its first read,
+by any of those means, then kept. The eager forward defers ``pooler_output``, so a
+caller that reads the hidden states alone does not pay for the pooler.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -19,7 +24,9 @@ __all__ = ["EncoderOutput"]
 @dataclass
 class EncoderOutput:
     last_hidden_state: torch.Tensor | None = None
-    pooler_output: torch.Tensor | None = None
+    # A default factory leaves no class attribute, so that a deferred field, absent
+    # from the instance, reaches __getattr__.
+    pooler_output: torch.Tensor | None = field(default_factory=lambda: None)
     hidden_states: tuple[torch.Tensor, ...] | None = None
     logits: torch.Tensor | None = None
     prediction_logits: torch.Tensor | None = None
@@ -27,6 +34,35 @@ class EncoderOutput:
     sop_logits: torch.Tensor | None = None
     start_logits: torch.Tensor | None = None
     end_logits: torch.Tensor | None = None
+
+    def defer(self, name: str, compute: Callable[[], Any]) -> None:
+        """Make field ``name`` the result of ``compute()`` (run under ``no_grad``),
+        computed on the field's first read and then kept; assigning the field first
+        drops ``compute``."""
+        if name != "pooler_output":
+            raise ValueError(f"only pooler_output can be deferred, not {name!r}")
+        self.__dict__.setdefault("_deferred", {})[name] = compute
+        self.__dict__.pop(name, None)
+
+    def __getattr__(self, name: str):
+        # Reached only for a name the instance does not hold: a deferred field.
+        compute = self.__dict__.get("_deferred", {}).get(name)
+        if compute is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        with torch.no_grad():
+            value = compute()
+        self.__dict__[name] = value
+        del self.__dict__["_deferred"][name]
+        return value
+
+    def __setattr__(self, name: str, value) -> None:
+        self.__dict__.get("_deferred", {}).pop(name, None)
+        object.__setattr__(self, name, value)
+
+    def __getstate__(self):
+        """Pickled with every deferred field computed (a closure does not pickle)."""
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        return state
 
     def keys(self):
         return [f.name for f in fields(self) if getattr(self, f.name) is not None]

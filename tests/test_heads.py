@@ -7,11 +7,14 @@ largest GEMM of any head, runs on bertfast's GEMM), and the head module is built
 at load, not chosen per call.
 """
 
+import pickle
+
 import pytest
 import torch
 
 import bertfast
 import bertfast.heads as H
+from bertfast.outputs import EncoderOutput
 
 from .models import FAMILIES, FAMILY_HEADS, build, make_batch, save
 
@@ -86,3 +89,54 @@ def test_masked_lm_decoder_runs_on_the_cpu_gemm(tmp_path):
         x, model._w("mlm.decoder.weight"), model._w("mlm.decoder.bias"), backend="cpu"
     )
     assert torch.equal(out.logits.view(-1, logits.shape[-1])[info.indices], logits)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_pooler_output_is_computed_on_first_read_with_the_forwards_weights(
+    tmp_path, monkeypatch, backend
+):
+    # The eager forward defers the pooler (outputs.EncoderOutput.defer): a caller of
+    # the hidden states alone does not run its GEMM; reading pooler_output by any
+    # means runs it once, on the weights the forward ran with, and gives
+    # transformers' value.
+    hf = build("bert")
+    folder = save(hf, str(tmp_path / "ckpt"))
+    model = bertfast.from_pretrained(folder, backend=backend)
+    batch = make_batch("bert")
+    with torch.no_grad():
+        want = hf(**batch).pooler_output
+    calls = []
+    real_pool = H.pool
+    monkeypatch.setattr(H, "pool", lambda *a, **k: calls.append(1) or real_pool(*a, **k))
+
+    with torch.inference_mode():
+        out = model(**batch)
+        hidden = out.last_hidden_state
+    assert hidden.shape[:2] == batch["input_ids"].shape and calls == []
+    assert "pooler_output" in out.keys() and calls == [1]  # keys() reads it
+    torch.testing.assert_close(out.pooler_output, want, atol=2e-5, rtol=1e-4)
+    assert out[1] is out.pooler_output and out["pooler_output"] is out.pooler_output
+    assert calls == [1]
+
+    # Weights replaced between the forward and the read: still the forward's pooler.
+    out = model(**batch)
+    width = model.config.hidden_size
+    model.pooler.weight = torch.nn.Parameter(torch.zeros(width, width), requires_grad=False)
+    model.pooler.bias = torch.nn.Parameter(torch.zeros(width), requires_grad=False)
+    torch.testing.assert_close(out.pooler_output, want, atol=2e-5, rtol=1e-4)
+    assert not out.pooler_output.requires_grad
+    # A pickled output carries the value (the deferred function is not pickled).
+    out = pickle.loads(pickle.dumps(model(**batch)))
+    torch.testing.assert_close(out.pooler_output, torch.zeros_like(want))
+    # Assigned before it is read: the assigned value, the deferred function dropped.
+    out = model(**batch)
+    out.pooler_output = None
+    assert "pooler_output" not in out.keys() and out.pooler_output is None
+
+
+def test_only_pooler_output_defers():
+    out = EncoderOutput(last_hidden_state=torch.zeros(1))
+    with pytest.raises(ValueError, match="only pooler_output"):
+        out.defer("logits", lambda: torch.zeros(1))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        out.nope  # noqa: B018
