@@ -231,14 +231,15 @@ class Head(nn.Module):
         return input_ids, attention_mask, token_type_ids, position_ids, None
 
     def forward(self, inp: HeadInput, out: EncoderOutput) -> EncoderOutput:
+        self.run(inp, out)
         if self.reads_first:
             if inp.lazy_pooler and "pooled" not in inp._cache:
                 # Read on demand: a caller of the hidden states alone (an embedding
-                # model's usual call) does not pay for the pooler's GEMM.
+                # model's usual call) does not pay for the pooler's GEMM. A head
+                # whose own fields read the pooler (run above) has it already.
                 out.defer("pooler_output", inp.pooled_later())
             else:
                 out.pooler_output = inp.pooled
-        self.run(inp, out)
         return out
 
     def run(self, inp: HeadInput, out: EncoderOutput) -> None:

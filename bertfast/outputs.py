@@ -52,7 +52,7 @@ class EncoderOutput:
         with torch.no_grad():
             value = compute()
         self.__dict__[name] = value
-        del self.__dict__["_deferred"][name]
+        self.__dict__["_deferred"].pop(name, None)  # (another thread may have read it too)
         return value
 
     def __setattr__(self, name: str, value) -> None:
@@ -61,8 +61,7 @@ class EncoderOutput:
 
     def __getstate__(self):
         """Pickled with every deferred field computed (a closure does not pickle)."""
-        state = {f.name: getattr(self, f.name) for f in fields(self)}
-        return state
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def keys(self):
         return [f.name for f in fields(self) if getattr(self, f.name) is not None]

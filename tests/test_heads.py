@@ -140,3 +140,20 @@ def test_only_pooler_output_defers():
         out.defer("logits", lambda: torch.zeros(1))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         out.nope  # noqa: B018
+
+
+def test_a_head_that_reads_the_pooler_runs_it_once(tmp_path, monkeypatch):
+    # BERT's sequence classification reads the pooler for its logits: pooler_output
+    # is that same tensor, not a second GEMM on the read.
+    hf = build("bert", "sequence_classification")
+    model = bertfast.from_pretrained(save(hf, str(tmp_path / "ckpt")), backend="cpu")
+    batch = make_batch("bert")
+    calls = []
+    real_pool = H.pool
+    monkeypatch.setattr(H, "pool", lambda *a, **k: calls.append(1) or real_pool(*a, **k))
+    out = model(**batch)
+    assert calls == [1]
+    with torch.no_grad():
+        want = hf.bert(**batch).pooler_output
+    torch.testing.assert_close(out.pooler_output, want, atol=2e-5, rtol=1e-4)
+    assert calls == [1]
