@@ -99,14 +99,14 @@ __attribute__((noinline)) BF_CLONES void task_portable(const BArgs& q, int64_t m
 #define BF_BGEMM_AMX_TARGET \
   __attribute__((target("arch=x86-64-v4,avx512bf16,amx-tile,amx-bf16,prefer-vector-width=512")))
 
-// Tiles: 0-3 accumulators (16 rows x 16 columns each), 4 A, 5-6 B. A task's second
+// Tiles: 0-3 accumulators (16 rows x 16 columns each), 4 A, 5-6 B, configured by the
+// calling thread (amx_begin: once a call in run_tasks, not a task). A task's second
 // panel may not exist (N up to the first panel): then its two tiles run on the first
 // panel again and their sums are not written (ncols stops before them).
 template <int ACT>
 BF_BGEMM_AMX_TARGET __attribute__((noinline)) void task_amx(const BArgs& q, int64_t mb, int64_t p) {
   int64_t n0, ncols, m_end;
   task_bounds(q, mb, p, n0, ncols, m_end);
-  amx_configure_16x64(7);
   const int64_t panel_bytes = q.K2 * kStepBytes;
   const char* b0 = reinterpret_cast<const char*>(q.packed) + (n0 / kBPanel) * panel_bytes;
   const char* b1 = ncols > kBPanel ? b0 + panel_bytes : b0;
@@ -138,8 +138,13 @@ BF_BGEMM_AMX_TARGET __attribute__((noinline)) void task_amx(const BArgs& q, int6
     _tile_stored(3, tmp + 48, kTaskCols * 4);
     epilogue<ACT>(q, tmp, rows, i0, n0, ncols);
   }
-  _tile_release();
 }
+
+// A thread's tiles for its task_amx tasks of one call: configured before the first,
+// released after the last (once a task cost more than the tasks of a few rows' GEMM
+// can spare).
+BF_BGEMM_AMX_TARGET __attribute__((noinline)) void amx_begin() { amx_configure_16x64(7); }
+BF_BGEMM_AMX_TARGET __attribute__((noinline)) void amx_end() { _tile_release(); }
 #endif  // BF_BGEMM_AMX
 
 template <int ACT>
@@ -152,18 +157,29 @@ void run_tasks(const BArgs& q, int isa, int num_threads) {
   const int nt = threads_for((q.M + 64) * q.N * q.K2 * 2, int64_t(1) << 23, num_threads);
   (void)nt;
 #ifdef BERTFAST_WITH_OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel num_threads(nt)
 #endif
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t mb = t % mblocks, p = t / mblocks;  // panel major
+  {
 #ifdef BF_BGEMM_AMX
-    if (isa == kBIsaAmx) {
-      task_amx<ACT>(q, mb, p);
-      continue;
-    }
+    if (isa == kBIsaAmx) amx_begin();
 #endif
-    (void)isa;
-    task_portable<ACT>(q, mb, p);
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp for schedule(static)
+#endif
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t mb = t % mblocks, p = t / mblocks;  // panel major
+#ifdef BF_BGEMM_AMX
+      if (isa == kBIsaAmx) {
+        task_amx<ACT>(q, mb, p);
+        continue;
+      }
+#endif
+      (void)isa;
+      task_portable<ACT>(q, mb, p);
+    }
+#ifdef BF_BGEMM_AMX
+    if (isa == kBIsaAmx) amx_end();
+#endif
   }
 }
 

@@ -214,7 +214,8 @@ __attribute__((noinline)) void tile_avx2(const QArgs& q, int64_t mb, int64_t p) 
 // (tmm6-7: 16 k/4-rows x 16 columns x 4, read straight from the packed panel with a
 // 256-byte stride): 4 tile loads per 4 tdpbusd. A last group of <= 16 rows uses
 // 1 x 4 tiles (one A tile, four B tiles). Needs K % 64 == 0 and the A rows padded
-// to a multiple of 16 (the caller's buffer; the extra rows are discarded).
+// to a multiple of 16 (the caller's buffer; the extra rows are discarded), and the
+// calling thread's tiles configured by amx_begin (run_tiles: once a call, not a task).
 // AVX-512 for the epilogue (every AMX CPU has it).
 template <int MODE>
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
@@ -222,7 +223,6 @@ __attribute__((noinline)) void
 tile_amx(const QArgs& q, int64_t mb, int64_t p) {
   int64_t n0, ncols, m_end;
   tile_bounds(q, mb, p, n0, ncols, m_end);
-  amx_configure_16x64(8);
   const int8_t* bp = q.packed + p * q.K4 * kStep;
   const int64_t kblocks = q.K4 / 16;
   const int64_t lda = q.lda;
@@ -277,8 +277,13 @@ tile_amx(const QArgs& q, int64_t mb, int64_t p) {
     }
     epilogue<MODE>(q, tmp, rows, i0, n0, ncols);
   }
-  asm volatile("tilerelease" ::);
 }
+
+// A thread's tiles for its tile_amx tasks of one call: configured before the first,
+// released after the last. Once a task instead (ldtilecfg after tilerelease) was
+// about a fifth of tile_amx's time at one row.
+__attribute__((noinline)) void amx_begin() { amx_configure_16x64(8); }
+__attribute__((noinline)) void amx_end() { asm volatile("tilerelease" ::); }
 
 // Linux gives a process the AMX tile state only on request (once per process).
 bool amx_enabled() {
@@ -373,6 +378,9 @@ void run_tiles(const QArgs& q, int isa, int num_threads, const float* x = nullpt
 #pragma omp parallel num_threads(nt)
 #endif
   {
+#ifdef BF_QGEMM_AMX
+    if (isa == kQIsaAmx) amx_begin();
+#endif
     if (x) {
       uint8_t* qa = const_cast<uint8_t*>(q.a);
       float* sx = const_cast<float*>(q.a_scale);
@@ -412,6 +420,9 @@ void run_tiles(const QArgs& q, int isa, int num_threads, const float* x = nullpt
         run_tile<MODE>(q, isa, mb, p);
       }
     }
+#ifdef BF_QGEMM_AMX
+    if (isa == kQIsaAmx) amx_end();
+#endif
   }
 }
 
