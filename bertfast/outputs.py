@@ -37,8 +37,8 @@ class EncoderOutput:
 
     def defer(self, name: str, compute: Callable[[], Any]) -> None:
         """Make field ``name`` the result of ``compute()`` (run under ``no_grad``),
-        computed on the field's first read and then kept; assigning the field first
-        drops ``compute``."""
+        computed on the field's first read and then kept; a value assigned to the
+        field before that read is the field's (``compute`` never runs)."""
         if name != "pooler_output":
             raise ValueError(f"only pooler_output can be deferred, not {name!r}")
         self.__dict__.setdefault("_deferred", {})[name] = compute
@@ -54,10 +54,6 @@ class EncoderOutput:
         self.__dict__[name] = value
         self.__dict__["_deferred"].pop(name, None)  # (another thread may have read it too)
         return value
-
-    def __setattr__(self, name: str, value) -> None:
-        self.__dict__.get("_deferred", {}).pop(name, None)
-        object.__setattr__(self, name, value)
 
     def __getstate__(self):
         """Pickled with every deferred field computed (a closure does not pickle)."""
