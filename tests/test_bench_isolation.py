@@ -11,7 +11,7 @@ import torch
 
 from bertfast.bench.isolated import LocalRunner, Worker
 from bertfast.bench.providers import Provider
-from bertfast.bench.timing import SETTLE_S, block_size, settle
+from bertfast.bench.timing import SETTLE_S, block_size, call_times, settle
 from bertfast.bench.workload import make_batch
 
 FP32 = torch.float32
@@ -111,3 +111,23 @@ def test_gemm_ceiling_counts_the_packed_gemms_a_model_runs():
         expect = a.half().float() @ b.half().float().T
         torch.testing.assert_close(fn().float(), expect, rtol=2e-2, atol=5e-2)
     assert gemm_ceiling("cpu", torch.float32, n=64, budget_s=0.02, with_bertfast=True) > 0
+
+
+def test_call_times_times_each_call_and_puts_the_function_back():
+    import types
+
+    def slow(x, *, pause=0.002):
+        if x is None:
+            raise ValueError("no x")
+        time.sleep(pause)
+        return 2 * x
+
+    owner = types.SimpleNamespace(fn=slow)
+    with call_times(owner, "fn") as times:
+        assert owner.fn is not slow
+        assert owner.fn(3) == 6 and owner.fn(4, pause=0.0) == 8
+        assert len(times) == 2 and times[0] >= 0.002 and times[1] < times[0]
+    assert owner.fn is slow  # restored on exit
+    with pytest.raises(ValueError, match="no x"), call_times(owner, "fn") as times:
+        owner.fn(None)
+    assert owner.fn is slow and len(times) == 1  # the failed call timed, then restored

@@ -26,7 +26,7 @@ import torch
 
 import bertfast
 from bertfast import _C, presets
-from bertfast.bench.timing import gemm_ceiling, measure
+from bertfast.bench.timing import call_times, gemm_ceiling, measure
 from bertfast.ops import cpu as cpu_ops
 
 #: A step's GEMM as (N, K) from the config, by the step profile's names.
@@ -73,48 +73,44 @@ def main() -> None:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     folder = presets.resolve(args.model)
     model = bertfast.from_pretrained(folder, backend="cpu", dtype=dtype, quantize=args.quantize)
-    cfg = model.config
     kind = args.quantize or args.dtype
     ceiling = int8_ceiling() if args.quantize else gemm_ceiling("cpu", dtype, with_bertfast=True)
     print(f"{folder} ({kind}), {args.threads} threads; {kind} GEMM ceiling {ceiling:.0f} GFLOP/s")
     # The one native call's wall time (cpu_encoder calls cpu.encoder_forward by name).
-    native_calls = []
-    encoder_forward = cpu_ops.encoder_forward
+    with call_times(cpu_ops, "encoder_forward") as native_calls:
+        for shape in args.shapes.split(","):
+            _split_shape(model, args, shape, native_calls, ceiling)
 
-    def timed(*a, **k):
+
+def _split_shape(model, args, shape, native_calls, ceiling) -> None:
+    """Time forwards of one ``BxS`` shape and print their split."""
+    cfg = model.config
+    B, S = (int(v) for v in shape.split("x"))
+    ids = torch.randint(1000, cfg.vocab_size, (B, S))
+
+    def run(ids=ids):
+        with torch.inference_mode():
+            return model(ids).last_hidden_state
+
+    for _ in range(3):
+        run()
+    native_calls.clear()
+    times = []
+    _C.cpu.step_profile_start()
+    end = time.perf_counter() + args.seconds
+    while time.perf_counter() < end or len(times) < 5:
         t0 = time.perf_counter()
-        out = encoder_forward(*a, **k)
-        native_calls.append(time.perf_counter() - t0)
-        return out
-
-    cpu_ops.encoder_forward = timed
-    for shape in args.shapes.split(","):
-        B, S = (int(v) for v in shape.split("x"))
-        ids = torch.randint(1000, cfg.vocab_size, (B, S))
-
-        def run(ids=ids):
-            with torch.inference_mode():
-                return model(ids).last_hidden_state
-
-        for _ in range(3):
-            run()
-        native_calls.clear()
-        times = []
-        _C.cpu.step_profile_start()
-        end = time.perf_counter() + args.seconds
-        while time.perf_counter() < end or len(times) < 5:
-            t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
-        steps = _C.cpu.step_profile_stop()
-        forwards = len(times)
-        wall = statistics.mean(times) * 1e3
-        median = statistics.median(times) * 1e3
-        print(f"\n{shape}: {wall:.3f} ms a forward (mean of {forwards}; median {median:.3f})")
-        if steps and len(native_calls) == forwards:
-            _print_steps(steps, native_calls, forwards, wall, cfg, B * S, ceiling)
-        else:
-            _print_ops(run, forwards=20, wall=wall)
+        run()
+        times.append(time.perf_counter() - t0)
+    steps = _C.cpu.step_profile_stop()
+    forwards = len(times)
+    wall = statistics.mean(times) * 1e3
+    median = statistics.median(times) * 1e3
+    print(f"\n{shape}: {wall:.3f} ms a forward (mean of {forwards}; median {median:.3f})")
+    if steps and len(native_calls) == forwards:
+        _print_steps(steps, native_calls, forwards, wall, cfg, B * S, ceiling)
+    else:
+        _print_ops(run, forwards=20, wall=wall)
 
 
 def _print_steps(steps, native_calls, forwards, wall, cfg, tokens, ceiling) -> None:

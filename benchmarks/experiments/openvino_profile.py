@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import contextlib
 import multiprocessing
 import time
 
@@ -28,6 +29,7 @@ import torch
 import bertfast
 from bertfast import _C, presets
 from bertfast.bench.peers import onnx_export
+from bertfast.bench.timing import call_times
 
 
 def openvino_split(folder: str, B: int, S: int, threads: int, iters: int):
@@ -74,43 +76,30 @@ def bertfast_split(folder: str, B: int, S: int, threads: int, iters: int):
     model = bertfast.from_pretrained(folder, backend="cpu")
     ids = torch.randint(1000, 20000, (B, S))
     mask = torch.ones(B, S, dtype=torch.int64)
-    split: collections.Counter = collections.Counter()
-    originals = []
-
-    def timed(owner, name, label):
-        real = getattr(owner, name)
-
-        def wrapper(*a, **k):
-            t = time.perf_counter()
-            out = real(*a, **k)
-            split[label] += time.perf_counter() - t
-            return out
-
-        originals.append((owner, name, real))
-        setattr(owner, name, wrapper)
-
-    timed(torch.ops.mkldnn, "_linear_pointwise", "GEMMs (oneDNN)")
-    for name, label in [
-        ("linear_packed", "GEMMs (C++)"),
-        ("encoder_layer", "whole layers (one call, C++ GEMM)"),
-        ("attention_varlen", "attention"),
-        ("add_layernorm", "add + LayerNorm"),
-        ("embed_layernorm", "embedding + LayerNorm"),
-    ]:
-        timed(_C.cpu, name, label)
-    try:
+    ops = [(torch.ops.mkldnn, "_linear_pointwise", "GEMMs (oneDNN)")]
+    ops += [
+        (_C.cpu, name, label)
+        for name, label in [
+            ("linear_packed", "GEMMs (C++)"),
+            ("encoder_forward", "whole encoder (one native call)"),
+            ("encoder_layer", "whole layers (one call, C++ GEMM)"),
+            ("attention_varlen", "attention"),
+            ("add_layernorm", "add + LayerNorm"),
+            ("embed_layernorm", "embedding + LayerNorm"),
+        ]
+    ]
+    with contextlib.ExitStack() as stack:
+        split = {label: stack.enter_context(call_times(owner, name)) for owner, name, label in ops}
         with torch.inference_mode():
             for _ in range(3):
                 model(ids, attention_mask=mask)
-            split.clear()
+            for times in split.values():
+                times.clear()
             start = time.perf_counter()
             for _ in range(iters):
                 model(ids, attention_mask=mask)
             wall = (time.perf_counter() - start) / iters
-    finally:
-        for owner, name, real in originals:
-            setattr(owner, name, real)
-    return wall, {k: v / iters for k, v in split.items()}
+    return wall, {k: sum(v) / iters for k, v in split.items() if v}
 
 
 def in_own_process(fn, *args):

@@ -3,10 +3,11 @@ machine's GEMM ceiling, and a short name for the machine."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ from ..info import cpu_info
 __all__ = [
     "Stats",
     "synchronize",
+    "call_times",
     "measure",
     "rounds_for",
     "SETTLE_S",
@@ -55,6 +57,29 @@ class Stats:
 def synchronize(device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def call_times(owner, name: str) -> Iterator[list[float]]:
+    """While open, ``owner.name`` is wrapped so that each call's wall time (seconds)
+    is appended to the yielded list; the original is put back on exit. For the
+    experiments that time one function the code reaches by name (the one native
+    forward, ``cpu.encoder_forward``; a oneDNN or C++ op) inside a whole forward."""
+    real = getattr(owner, name)
+    times: list[float] = []
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            times.append(time.perf_counter() - t0)
+
+    setattr(owner, name, timed)
+    try:
+        yield times
+    finally:
+        setattr(owner, name, real)
 
 
 def measure(
