@@ -18,6 +18,31 @@ namespace bertfast {
 namespace cpu {
 namespace {
 
+// The sum of f(row[j]) over a row of n floats in 32 partial sums: four 8-lane vectors,
+// each its own chain of adds (a single chain waits out the add latency at every step:
+// perf put the variance sum's chain at a fifth of the kernel), added in a fixed order,
+// then the tail (n % 32) in order. The same sums in the same order wherever it runs,
+// so one result on every CPU. f maps a vector (v8f) or a float alike.
+template <typename F>
+BF_INLINE float row_sum(const float* BF_RESTRICT row, int64_t n, F f) {
+  v8f a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    // v8f is aligned(4): plain unaligned loads (a memcpy into a vector variable went
+    // through the stack in 16-byte halves and stalled every reload)
+    const v8f* x = reinterpret_cast<const v8f*>(row + j);
+    a0 += f(x[0]);
+    a1 += f(x[1]);
+    a2 += f(x[2]);
+    a3 += f(x[3]);
+  }
+  const v8f s = (a0 + a1) + (a2 + a3);
+  float total = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  float tail = 0.0f;
+  for (; j < n; ++j) tail += f(row[j]);
+  return total + tail;
+}
+
 // Normalises `row` (fp32, length n) and writes weight * xhat + bias to `out`.
 template <typename T>
 BF_INLINE void normalize_row(const float* BF_RESTRICT row, const float* BF_RESTRICT w,
@@ -26,16 +51,12 @@ BF_INLINE void normalize_row(const float* BF_RESTRICT row, const float* BF_RESTR
   // so a large common offset (1e4) does not swamp the fp32 sum, then the variance is
   // the mean of squared deviations from the (shifted) mean.
   const float shift = row[0];
-  float sum = 0.0f;
-  BF_SIMD_REDUCE_ADD(sum)
-  for (int64_t j = 0; j < n; ++j) sum += row[j] - shift;
+  const float sum = row_sum(row, n, [shift](auto v) { return v - shift; });
   const float mean_c = sum / static_cast<float>(n);
-  float sq = 0.0f;
-  BF_SIMD_REDUCE_ADD(sq)
-  for (int64_t j = 0; j < n; ++j) {
-    float d = (row[j] - shift) - mean_c;
-    sq += d * d;
-  }
+  const float sq = row_sum(row, n, [shift, mean_c](auto v) {
+    const auto d = (v - shift) - mean_c;
+    return d * d;
+  });
   const float var = sq / static_cast<float>(n);
   const float rstd = 1.0f / std::sqrt(var + eps);
   for (int64_t j = 0; j < n; ++j)
