@@ -70,11 +70,28 @@ inline std::string device_name(const torch::stable::Device& d) {
   return s;
 }
 
-// An uninitialised tensor of `shape` with `like`'s device and `dtype` (default: like's).
+// An uninitialised contiguous tensor of `shape` with `like`'s device and `dtype`
+// (default: like's). Through the C shim's aoti_torch_empty_strided, not
+// torch::stable::empty: that one is a boxed dispatcher call by name ("aten::empty"),
+// whose argument boxing alone made about 9 heap allocations a tensor; a MiniLM int8
+// 1x16 forward makes some 80 tensors in its one native call (measured 1.03-1.07x the
+// whole forward, benchmarks/results/cpu-intel-xeon-amx-2t/notes.md).
 inline Tensor empty(const Shape& shape, const Tensor& like,
                     std::optional<ScalarType> dtype = std::nullopt) {
-  return torch::stable::empty(Sizes(shape), dtype ? *dtype : like.scalar_type(), std::nullopt,
-                              like.device());
+  const ScalarType type = dtype ? *dtype : like.scalar_type();
+  const torch::stable::Device device = like.device();
+  if (device.type() != DeviceType::CPU && device.type() != DeviceType::CUDA)
+    return torch::stable::empty(Sizes(shape), type, std::nullopt, device);
+  Shape strides(shape.size(), 1);  // contiguous
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
+  const int32_t shim_dtype = torch::stable::detail::to<int32_t>(torch::stable::detail::from(type));
+  const int32_t shim_device = device.type() == DeviceType::CPU ? aoti_torch_device_type_cpu()
+                                                               : aoti_torch_device_type_cuda();
+  AtenTensorHandle handle = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(
+      static_cast<int64_t>(shape.size()), shape.data(), strides.data(), shim_dtype, shim_device,
+      device.has_index() ? device.index() : -1, &handle));
+  return Tensor(handle);
 }
 
 inline Shape shape_of(const Tensor& t) {

@@ -102,7 +102,10 @@ void attention_impl(T* out, const T* qkv, const std::vector<Sequence>& seqs, int
 #pragma omp parallel num_threads(nt)
 #endif
   {
-    Scratch sc;
+    // The thread's scratch is kept from call to call (its vectors keep their capacity):
+    // made afresh per call, its vectors grew from empty in every task, about 40 heap
+    // allocations a layer at 16 tokens.
+    static thread_local Scratch sc;
     // AMX tiles are configured once per thread and call, not per task
     [[maybe_unused]] const bool tiles = std::is_same_v<T, bf16> && isa == Isa::kAmxBf16;
 #if defined(BF_X86)

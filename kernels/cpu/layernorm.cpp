@@ -79,7 +79,8 @@ void for_each_row(int64_t rows, int64_t n, int nt, Body&& body) {
   (void)nt;
 #endif
   {
-    std::vector<float> scratch(n);
+    static thread_local std::vector<float> scratch;  // kept from call to call
+    if (static_cast<int64_t>(scratch.size()) < n) scratch.resize(n);
     float* BF_RESTRICT row = scratch.data();
 #ifdef BERTFAST_WITH_OPENMP
 #pragma omp for schedule(static)
