@@ -514,7 +514,9 @@ class BertfastModel(nn.Module):
         memory on the host. ``counts`` is ``(keep, lengths, total, max_seqlen)`` for
         ``ops.pack_info_from_counts``, or None while compiling (value checks need the
         values, so they are skipped when tracing; the kernels are bounds-safe
-        regardless).
+        regardless). Where a backend reads the inputs on the host (CPU tensors,
+        ``ops.scan_inputs``) the values and counts come from one native pass instead
+        (``_prepare_scanned``: the same checks, and the ``PackInfo`` as ``counts``).
         """
         cfg = self.config
         attention_mask, token_type_ids, position_ids = self._check_inputs(
@@ -524,6 +526,12 @@ class BertfastModel(nn.Module):
         device = input_ids.device
         checks = self._value_checks(token_type_ids is not None, position_ids is not None, S)
         full = attention_mask is None  # every position real: counts known on the host
+        if self._graphs is None and not torch.compiler.is_compiling():
+            scanned = self._prepare_scanned(
+                input_ids, attention_mask, token_type_ids, position_ids, checks
+            )
+            if scanned is not None:
+                return scanned
         if full:
             attention_mask = torch.ones(B, S, dtype=torch.int32, device=device)
 
@@ -550,8 +558,44 @@ class BertfastModel(nn.Module):
         total, longest = (B * S, S) if full else values[-2:]
         return attention_mask, token_type_ids, position_ids, (keep, lengths, total, longest)
 
+    def _prepare_scanned(self, input_ids, mask, types, positions, checks):
+        """``_prepare_counted``'s result from one pass over the inputs where a backend
+        reads them on the host (``ops.scan_inputs``: CPU tensors), in place of a torch
+        op per value: the same tensors, the same checks and errors, one host read, and
+        as counts the batch's ``PackInfo`` itself. None where no backend scans them."""
+        cfg = self.config
+        B, S = input_ids.shape
+        pos = positions
+        if pos is None and cfg.position_scheme == "roberta":
+            real = input_ids.ne(cfg.pad_token_id).long()
+            pos = torch.cumsum(real, 1) * real + cfg.pad_token_id
+        scan = ops.scan_inputs(input_ids, mask, types, pos)
+        if scan is None:
+            return None
+        stats, cu, indices = scan
+        ids_lo, ids_hi, types_lo, types_hi, pos_lo, pos_hi, total, longest = stats.tolist()
+        values = [ids_lo, ids_hi]  # in the order of ``checks``
+        if types is not None:
+            values += [types_lo, types_hi] if cfg.has_token_types else [types_lo or types_hi]
+        if positions is not None:
+            values += [pos_lo, pos_hi]
+        elif pos is not None:  # RoBERTa's default positions: the largest
+            values.append(pos_hi)
+        self._check_values(checks, values)
+        if not cfg.has_token_types:
+            types = None
+        elif types is None:
+            types = torch.zeros((B, S), dtype=torch.long)
+        if pos is None:  # S - 1 was checked on the host
+            pos = torch.arange(S).expand(B, S)
+        if mask is None:
+            mask = torch.ones(B, S, dtype=torch.int32)
+        return mask, types, pos, ops.PackInfo(indices, cu, longest, B, S, dense=total == B * S)
+
     # ------------------------------------------------------------------- pack
     def _pack_info(self, mask: torch.Tensor, counts):
+        if isinstance(counts, ops.PackInfo):  # _prepare_scanned's
+            return counts
         if counts is None:  # compiling: the traced pack_info (no value known here)
             return ops.pack_info(mask)
         return ops.pack_info_from_counts(mask, *counts)

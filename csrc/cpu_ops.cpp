@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
+#include <tuple>
 #include <utility>
 
 #include "binding.h"
@@ -142,6 +144,57 @@ Tensor unpack_rows(const Tensor& x, const Tensor& indices, int64_t num_rows) {
   cpu::unpack_rows(out.data_ptr(), x.const_data_ptr(), indices.const_data_ptr<int64_t>(),
                    a.num_indices, num_rows, a.row_bytes, threads());
   return out;
+}
+
+// A forward's inputs read once (kernels/cpu/pack.cpp scan_inputs): the model's value
+// checks and where its real tokens are, in one call instead of a torch op per value.
+// -> (stats int64 [8]: ids min, max, token types min, max, positions min, max, real
+// tokens, longest row; cu_seqlens int32 [B + 1]; indices int64 [real tokens]).
+std::tuple<Tensor, Tensor, Tensor> scan_inputs(const Tensor& input_ids,
+                                               const OptTensor& attention_mask,
+                                               const OptTensor& token_type_ids,
+                                               const OptTensor& position_ids) {
+  Op op = cpu_op("scan_inputs");
+  op.tensor(input_ids, "input_ids", ScalarType::Long);
+  op.dims(input_ids, "input_ids", 2);
+  const int64_t B = input_ids.size(0), S = input_ids.size(1);
+  if (B * S > std::numeric_limits<int32_t>::max())
+    op.value_error("input_ids holds " + std::to_string(B * S) +
+                   " positions; cu_seqlens (int32) counts at most 2^31 - 1");
+  int kind = cpu::kScanMaskNone;
+  const void* mask = nullptr;
+  if (attention_mask) {
+    op.tensor(*attention_mask, "attention_mask");
+    if (!attention_mask->sizes().equals(input_ids.sizes()))
+      op.value_error("attention_mask has shape " + Op::shape(attention_mask->sizes()) +
+                     ", expected " + Op::shape(input_ids.sizes()) + " (the shape of input_ids)");
+    switch (attention_mask->scalar_type()) {
+      case ScalarType::Long:
+        kind = cpu::kScanMaskInt64;
+        break;
+      case ScalarType::Int:
+        kind = cpu::kScanMaskInt32;
+        break;
+      case ScalarType::Bool:
+        kind = cpu::kScanMaskBool;
+        break;
+      default:
+        op.type_error("attention_mask has dtype " + dtype_name(attention_mask->scalar_type()) +
+                      "; expected int64, int32 or bool");
+    }
+    mask = attention_mask->const_data_ptr();
+  }
+  if (token_type_ids) op.ids(*token_type_ids, "token_type_ids", input_ids.sizes(), "input_ids");
+  if (position_ids) op.ids(*position_ids, "position_ids", input_ids.sizes(), "input_ids");
+  Tensor stats = empty({cpu::kScanStats}, input_ids);
+  Tensor cu = empty({B + 1}, input_ids, ScalarType::Int);
+  int64_t* st = stats.mutable_data_ptr<int64_t>();
+  cpu::scan_inputs(st, cu.mutable_data_ptr<int32_t>(), input_ids.const_data_ptr<int64_t>(), mask,
+                   kind, token_type_ids ? token_type_ids->const_data_ptr<int64_t>() : nullptr,
+                   position_ids ? position_ids->const_data_ptr<int64_t>() : nullptr, B, S);
+  Tensor indices = empty({st[6]}, input_ids);
+  cpu::scan_indices(indices.mutable_data_ptr<int64_t>(), st[6], mask, kind, B * S);
+  return {stats, cu, indices};
 }
 
 // One vector per sequence of packed fp32 rows (kernels/cpu/pool.cpp): the Embedder's
@@ -597,6 +650,12 @@ STABLE_TORCH_LIBRARY(bertfast_cpu, m) {
   // sequence at least one row): cls, mean, mean_sqrt_len or lasttoken, then
   // L2-normalised when asked -> [B, H].
   m.def("pool_packed(Tensor h, Tensor cu_seqlens, str mode, bool normalize=False) -> Tensor");
+  // A forward's inputs [B, S] read once: (stats int64 [8]: ids min, max, token types
+  // min, max, positions min, max, real tokens, longest row; cu_seqlens int32 [B + 1];
+  // indices int64 [real tokens]); mask int64 / int32 / bool, nonzero = real.
+  m.def(
+      "scan_inputs(Tensor input_ids, Tensor? attention_mask, Tensor? token_type_ids, "
+      "Tensor? position_ids) -> (Tensor, Tensor, Tensor)");
   // fp32 act(x @ weight.T + bias), activation None/gelu/gelu_tanh/relu; allow_avx512=False
   // forces the AVX2 kernel.
   m.def(
@@ -660,6 +719,7 @@ STABLE_TORCH_LIBRARY_IMPL(bertfast_cpu, CompositeExplicitAutograd, m) {
   m.impl("pack_rows", TORCH_BOX(&pack_rows));
   m.impl("unpack_rows", TORCH_BOX(&unpack_rows));
   m.impl("pool_packed", TORCH_BOX(&pool_packed));
+  m.impl("scan_inputs", TORCH_BOX(&scan_inputs));
   m.impl("linear_act", TORCH_BOX(&linear_act));
   m.impl("linear_pack", TORCH_BOX(&linear_pack));
   m.impl("linear_packed", TORCH_BOX(&linear_packed));

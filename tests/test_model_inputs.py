@@ -358,3 +358,87 @@ def test_direct_construction_checks_weights(bert):
     broken = dict(weights, **{"pooler.weight": torch.zeros(3, 3)})
     with pytest.raises(ValueError, match=r"pooler.weight has shape \(3, 3\)"):
         BertfastModel(bert.config, broken, head="sequence_classification")
+
+
+# ------------------------------------------------- one native pass over the inputs
+def _prepared(model, scan, monkeypatch, *args):
+    """``_prepare_counted`` with the inputs scanned natively (``ops.scan_inputs``) or
+    with torch ops (the scan switched off), as ``(mask, types, positions, PackInfo)``;
+    or the exception it raised, as ``(type, message)``."""
+    if not scan:
+        monkeypatch.setattr(ops, "scan_inputs", lambda *a: None)
+    try:
+        mask, types, pos, counts = model._prepare_counted(*args)
+    except Exception as e:
+        return type(e), str(e)
+    finally:
+        monkeypatch.undo()
+    return mask, types, pos, model._pack_info(mask, counts)
+
+
+def _same_prepared(a, b):
+    if isinstance(a[0], type) or isinstance(b[0], type):
+        assert a == b
+        return
+    for x, y in zip(a[:3], b[:3]):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert torch.equal(x, y) and x.dtype == y.dtype
+    ia, ib = a[3], b[3]
+    assert torch.equal(ia.indices, ib.indices) and torch.equal(ia.cu_seqlens, ib.cu_seqlens)
+    assert ia.cu_seqlens.dtype == ib.cu_seqlens.dtype == torch.int32
+    assert (ia.max_seqlen, ia.batch, ia.seqlen, ia.dense) == (
+        ib.max_seqlen,
+        ib.batch,
+        ib.seqlen,
+        ib.dense,
+    )
+
+
+_MASK = torch.tensor([[1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1], [1, 0, 1, 0, 1, 1], [0] * 6])
+
+
+@pytest.mark.parametrize(
+    "key",
+    [("bert", "sequence_classification"), ("roberta", "masked_lm"),
+     ("distilbert", "token_classification")],
+    ids=["bert", "roberta", "distilbert"],
+)  # fmt: skip
+@pytest.mark.parametrize("mask", ["none", "int64", "int32", "bool", "float", "full"])
+@pytest.mark.parametrize("types", ["none", "zeros", "ones", "out of range"])
+@pytest.mark.parametrize("positions", ["none", "given", "broadcast", "out of range"])
+def test_scanned_inputs_match_torch_ops(folders, monkeypatch, key, mask, types, positions):
+    """The one native pass over CPU inputs gives what the torch ops give: the same
+    tensors, the same PackInfo (padding left, right, holes, a row with no token) and,
+    for a bad value, the same error; a float mask takes the torch ops either way."""
+    model = bertfast.from_pretrained(folders[key], backend="cpu")
+    B, S = _MASK.shape
+    ids = torch.randint(3, VOCAB, (B, S), generator=torch.Generator().manual_seed(1))
+    m = {
+        "none": None, "int64": _MASK, "int32": _MASK.int(), "bool": _MASK.bool(),
+        "float": _MASK.float(), "full": torch.ones(B, S, dtype=torch.long),
+    }[mask]  # fmt: skip
+    t = {
+        "none": None, "zeros": torch.zeros(B, S, dtype=torch.long),
+        "ones": torch.ones(B, S, dtype=torch.long), "out of range": torch.full((B, S), 7),
+    }[types]  # fmt: skip
+    p = {
+        "none": None, "given": torch.arange(S).flip(0).repeat(B, 1), "broadcast": torch.arange(S),
+        "out of range": torch.full((B, S), MAX_POS),
+    }[positions]  # fmt: skip
+    scanned = _prepared(model, True, monkeypatch, ids, m, t, p)
+    _same_prepared(scanned, _prepared(model, False, monkeypatch, ids, m, t, p))
+    if not isinstance(scanned[0], type):  # the whole forward too, bit for bit
+        out = model(ids, attention_mask=m, token_type_ids=t, position_ids=p).last_hidden_state
+        monkeypatch.setattr(ops, "scan_inputs", lambda *a: None)
+        ref = model(ids, attention_mask=m, token_type_ids=t, position_ids=p).last_hidden_state
+        assert torch.equal(out, ref)
+
+
+def test_scan_is_taken_for_cpu_inputs(bert, monkeypatch):
+    """The eager forward of int64 CPU inputs reads them in the one native pass."""
+    calls = []
+    real = ops.scan_inputs
+    monkeypatch.setattr(ops, "scan_inputs", lambda *a: calls.append(1) or real(*a))
+    bert(ids(), attention_mask=torch.ones(2, 5, dtype=torch.long))
+    assert calls == [1]

@@ -53,7 +53,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import checks, cpu_encoder, cpu_weights, dispatch, quant, reference
+from . import checks, cpu, cpu_encoder, cpu_weights, dispatch, quant, reference
 from .dispatch import BACKEND_NAMES, BackendError, backend_status
 from .padding import PackInfo, pack_info, pack_info_from_counts
 
@@ -441,6 +441,18 @@ def unpack_tokens(
     x, indices, num_rows: int, backend: str = "auto", *, validate: bool = True
 ) -> Tensor:
     return _unpack_tokens.run(x, indices, _int(num_rows), backend, bool(validate))
+
+
+# ---------------------------------------------------------------- input scan
+def scan_inputs(input_ids, attention_mask, token_type_ids, position_ids):
+    """A forward's input values and real-token layout read in one pass, where a backend
+    reads these tensors on the host (the cpu backend: CPU tensors, ``cpu.scan_inputs``):
+    ``(stats, cu_seqlens, indices)``, ``stats`` an int64 tensor ``[ids min, ids max, token
+    types min, max, positions min, max, real tokens, longest row]`` for the caller's one
+    host read. None
+    otherwise: the caller computes the same with torch ops (``padding.mask_lengths``,
+    ``pack_info_from_counts``)."""
+    return cpu.scan_inputs(input_ids, attention_mask, token_type_ids, position_ids)
 
 
 # ---------------------------------------------------------------- encoder runners

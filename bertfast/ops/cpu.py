@@ -196,6 +196,35 @@ def encoder_forward(
     )  # fmt: skip
 
 
+#: The mask dtypes :func:`scan_inputs` reads (nonzero = a real token).
+SCAN_MASK_DTYPES = (torch.int64, torch.int32, torch.bool)
+
+
+def scan_inputs(input_ids, attention_mask, token_type_ids, position_ids):
+    """A forward's CPU inputs ``[B, S]`` read in one native pass (``_C.cpu.scan_inputs``,
+    kernels/cpu/pack.cpp): ``(stats, cu_seqlens, indices)``, ``stats`` int64 ``[ids min,
+    ids max, token types min, max, positions min, max, real tokens, longest row]`` (the
+    types and positions pairs 0 where not given; the caller reads it), ``cu_seqlens``
+    int32 ``[B + 1]`` of the real tokens (nonzero mask entries; every position without
+    a mask) and ``indices`` int64 their flat positions ``b * S + s``. None where the
+    tensors are not what it reads (CPU, contiguous, int64 ids / types / positions, an
+    int64 / int32 / bool mask) or the extension is missing: the caller then computes
+    the same with torch ops."""
+    if _kernels is None:
+        return None
+    for t in (input_ids, token_type_ids, position_ids):
+        if t is not None and not (
+            t.device.type == "cpu" and t.dtype == torch.int64 and t.is_contiguous()
+        ):
+            return None
+    m = attention_mask
+    if m is not None and not (
+        m.device.type == "cpu" and m.dtype in SCAN_MASK_DTYPES and m.is_contiguous()
+    ):
+        return None
+    return _kernels.scan_inputs(input_ids, m, token_type_ids, position_ids)
+
+
 #: The poolings :func:`pool_packed` computes (``kernels/cpu/pool.cpp``).
 POOLINGS = ("cls", "mean", "mean_sqrt_len", "lasttoken")
 

@@ -88,6 +88,17 @@ void pack_rows(void* out, const void* x, const int64_t* indices, int64_t num_ind
 // unpack_rows: out [num_rows] = zeros, then out[indices[i]] = x[i] (last writer wins).
 void unpack_rows(void* out, const void* x, const int64_t* indices, int64_t num_indices,
                  int64_t num_rows, int64_t row_bytes, int num_threads);
+// scan_inputs: stats [kScanStats] = ids min, max; token types min, max (0, 0 without
+// them); positions min, max (0, 0 without them); real tokens, longest row; and
+// cu_seqlens [batch + 1] of each row's nonzero mask entries (mask_kind: kScanMask*;
+// kScanMaskNone: every position real). Inputs [batch, seqlen], row-major.
+// scan_indices: the flat positions (b * seqlen + s) of the first `total` real tokens.
+constexpr int kScanStats = 8;
+constexpr int kScanMaskNone = 0, kScanMaskInt64 = 1, kScanMaskInt32 = 2, kScanMaskBool = 3;
+void scan_inputs(int64_t* stats, int32_t* cu_seqlens, const int64_t* input_ids, const void* mask,
+                 int mask_kind, const int64_t* token_type_ids, const int64_t* position_ids,
+                 int64_t batch, int64_t seqlen);
+void scan_indices(int64_t* indices, int64_t total, const void* mask, int mask_kind, int64_t count);
 
 // ------------------------------------------------------------------ pool.cpp
 // One fp32 vector per sequence of packed rows h [T, hidden] (cu_seqlens [batch + 1],

@@ -1108,6 +1108,73 @@ def _bf16_cases():
     return out
 
 
+def _scan_args(**over):
+    """scan_inputs' arguments: ids [2, 3], an int64 mask, types and positions."""
+    args = dict(
+        ids=torch.tensor([[5, 6, 7], [8, 9, 1]]), mask=torch.tensor([[1, 1, 0], [1, 0, 0]]),
+        types=torch.zeros(2, 3, dtype=torch.long), pos=torch.arange(3).expand(2, 3).contiguous(),
+    )  # fmt: skip
+    args.update(over)
+    return args
+
+
+def _scan_cases():
+    """scan_inputs (csrc/cpu_ops.cpp): every dtype and shape the kernel relies on."""
+    A, fn = _scan_args, cpu.scan_inputs
+    return {
+        "scan/ids dtype": (fn, A(ids=torch.ones(2, 3, dtype=torch.int32)), TypeError, "input_ids"),
+        "scan/ids 1-d": (fn, A(ids=torch.ones(3, dtype=torch.long)), ValueError, "must have 2"),
+        "scan/ids strided": (
+            fn,
+            A(ids=torch.ones(3, 2, dtype=torch.long).t()),
+            ValueError,
+            "input_ids must be contiguous",
+        ),
+        "scan/mask shape": (
+            fn,
+            A(mask=torch.ones(2, 4, dtype=torch.long)),
+            ValueError,
+            "attention_mask has shape (2, 4), expected (2, 3)",
+        ),
+        "scan/mask dtype": (
+            fn,
+            A(mask=torch.ones(2, 3)),
+            TypeError,
+            "expected int64, int32 or bool",
+        ),
+        "scan/mask strided": (
+            fn,
+            A(mask=torch.ones(3, 2, dtype=torch.long).t()),
+            ValueError,
+            "attention_mask must be contiguous",
+        ),
+        "scan/types shape": (
+            fn,
+            A(types=torch.zeros(2, 2, dtype=torch.long)),
+            ValueError,
+            "token_type_ids has shape",
+        ),
+        "scan/types dtype": (
+            fn,
+            A(types=torch.zeros(2, 3, dtype=torch.int32)),
+            TypeError,
+            "token_type_ids has dtype",
+        ),
+        "scan/positions shape": (
+            fn,
+            A(pos=torch.zeros(3, 2, dtype=torch.long)),
+            ValueError,
+            "position_ids has shape",
+        ),
+        "scan/positions device": (
+            fn,
+            A(pos=torch.zeros(2, 3, dtype=torch.long, device="meta")),
+            ValueError,
+            "position_ids is on meta",
+        ),
+    }
+
+
 ALL_CASES = {
     **CASES,
     **_packed_cases(),
@@ -1116,6 +1183,7 @@ ALL_CASES = {
     **_layer_int8_cases(),
     **_forward_cases(),
     **_pool_cases(),
+    **_scan_cases(),
     **_bf16_cases(),
 }
 
@@ -1359,3 +1427,37 @@ def test_pool_packed_matches_torch(mode, normalize):
         assert got[2].isfinite().all()
     zero = cpu.pool_packed(torch.zeros(2, 4), cu[:2].clamp(max=2), mode, normalize)
     assert torch.equal(zero, torch.zeros(1, 4))  # a zero vector stays zero (no 0 / 0)
+
+
+@pytest.mark.parametrize("mask_dtype", [None, torch.int64, torch.int32, torch.bool])
+def test_scan_inputs_matches_torch(mask_dtype):
+    """scan_inputs against torch on the same inputs (run under the sanitizers too): a
+    mask with right and left padding, a hole, a row with no real token and a full row;
+    the ids' extremes at the first and last positions; no mask: every position real."""
+    g = torch.Generator().manual_seed(0)
+    B, S = 5, 7
+    ids = torch.randint(100, 200, (B, S), generator=g)
+    ids[0, 0], ids[-1, -1] = 3, 999
+    types = torch.randint(0, 2, (B, S), generator=g)
+    pos = torch.randint(0, 50, (B, S), generator=g)
+    mask = torch.tensor(
+        [
+            [1, 1, 1, 0, 0, 0, 0],
+            [0, 0, 1, 1, 1, 1, 1],
+            [1, 0, 1, 0, 1, 0, 1],
+            [0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1, 1, 1],
+        ]
+    )
+    given = None if mask_dtype is None else mask.to(mask_dtype)
+    stats, cu, indices = cpu.scan_inputs(ids, given, types, pos)
+    keep = mask.flatten() != 0 if mask_dtype is not None else torch.ones(B * S, dtype=torch.bool)
+    lengths = keep.view(B, S).sum(1)
+    want = [ids.min(), ids.max(), types.min(), types.max(), pos.min(), pos.max()]
+    want += [lengths.sum(), lengths.max()]
+    assert stats.tolist() == [int(v) for v in want]
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, *lengths.cumsum(0).tolist()]
+    assert indices.tolist() == keep.nonzero().squeeze(1).tolist()
+    # without token types and positions their pairs are zeros
+    stats, _, _ = cpu.scan_inputs(ids, given, None, None)
+    assert stats.tolist()[2:6] == [0, 0, 0, 0]
