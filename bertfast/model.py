@@ -343,11 +343,13 @@ class BertfastModel(nn.Module):
     # ------------------------------------------------------------------ helpers
     @property
     def device(self) -> torch.device:
-        return self.embeddings.word.device
+        # through the module dicts: nn.Module's __getattr__ twice cost ~4 us a read,
+        # and every forward's input checks read it
+        return self._modules["embeddings"]._parameters["word"].device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embeddings.word.dtype
+        return self._modules["embeddings"]._parameters["word"].dtype
 
     def _w(self, name: str) -> torch.Tensor | None:
         mod = self
