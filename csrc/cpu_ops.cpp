@@ -14,7 +14,10 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 
 #include "binding.h"
@@ -614,6 +617,100 @@ Tensor encoder_forward_int8(const Tensor& input_ids, const Tensor& position_ids,
   return h;
 }
 
+// ------------------------------------------------- a model's operands held by handle
+// encoder_forward's embedding and layer operands kept here between calls: encoder_hold
+// takes them once and returns a handle, encoder_forward_held(handle, ...) runs
+// encoder_forward / encoder_forward_int8 on them, encoder_release lets them go. A
+// call that passes its ~80 (fp32) to ~125 (int8) tensors in lists pays their boxing
+// every time (about 0.4 us a tensor: a MiniLM int8 1x16 forward's 50 us). The
+// operands are held as given, and every call runs the entry point on them, so the
+// same checks and the same result. The table lives for the process (leaked on
+// purpose: handles may be released after static destructors ran).
+struct HeldOperands {
+  Tensor word, pos;
+  OptTensor types;
+  Tensor ln_weight, ln_bias;
+  OptTensor project, project_bias;
+  std::vector<Tensor> gemms;
+  std::vector<OptTensor> biases;
+  std::vector<Tensor> norms;
+  std::optional<std::vector<int64_t>> splits;  // int8
+};
+
+class HeldTable {
+ public:
+  int64_t add(std::shared_ptr<const HeldOperands> ops) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t handle = next_++;
+    held_.emplace(handle, std::move(ops));
+    return handle;
+  }
+  std::shared_ptr<const HeldOperands> get(int64_t handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = held_.find(handle);
+    return it == held_.end() ? nullptr : it->second;
+  }
+  bool drop(int64_t handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.erase(handle) > 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<int64_t, std::shared_ptr<const HeldOperands>> held_;
+  int64_t next_ = 1;
+};
+
+HeldTable& held_table() {
+  static HeldTable* table = new HeldTable();
+  return *table;
+}
+
+int64_t encoder_hold(const Tensor& word, const Tensor& pos, const OptTensor& types,
+                     const Tensor& emb_ln_weight, const Tensor& emb_ln_bias,
+                     const OptTensor& project, const OptTensor& project_bias,
+                     const std::vector<Tensor>& gemms, const std::vector<OptTensor>& biases,
+                     const std::vector<Tensor>& norms,
+                     const std::optional<std::vector<int64_t>>& splits) {
+  Op op = cpu_op("encoder_hold");
+  // the list counts now (every tensor is checked by the entry point at each call)
+  const int64_t layers = forward_layers(op, gemms, splits ? 12 : 4, biases, norms);
+  if (splits && static_cast<int64_t>(splits->size()) != layers)
+    op.value_error("splits must hold one mask a layer (" + std::to_string(layers) + "), got " +
+                   std::to_string(splits->size()));
+  auto ops = std::make_shared<HeldOperands>(HeldOperands{word, pos, types, emb_ln_weight,
+                                                         emb_ln_bias, project, project_bias, gemms,
+                                                         biases, norms, splits});
+  return held_table().add(std::move(ops));
+}
+
+bool encoder_release(int64_t handle) { return held_table().drop(handle); }
+
+Tensor encoder_forward_held(const Tensor& input_ids, const Tensor& position_ids,
+                            const OptTensor& token_type_ids, int64_t handle, int64_t hidden,
+                            const Tensor& cu_seqlens, int64_t max_seqlen, int64_t num_heads,
+                            double scale, int64_t intermediate,
+                            const std::optional<std::string>& activation, double eps,
+                            bool attention_bf16, bool allow_avx512) {
+  Op op = cpu_op("encoder_forward_held");
+  // a reference for the whole call: a release meanwhile frees nothing under it
+  const std::shared_ptr<const HeldOperands> h = held_table().get(handle);
+  if (!h)
+    op.value_error("no operands are held under handle " + std::to_string(handle) +
+                   " (never made by encoder_hold, or released)");
+  if (h->splits)
+    return encoder_forward_int8(input_ids, position_ids, token_type_ids, h->word, h->pos, h->types,
+                                h->ln_weight, h->ln_bias, h->project, h->project_bias, hidden,
+                                cu_seqlens, max_seqlen, num_heads, scale, h->gemms, h->biases,
+                                h->norms, *h->splits, activation, eps, attention_bf16);
+  if (attention_bf16)
+    op.value_error("attention in bfloat16 is for int8 operands only (these are not int8)");
+  return encoder_forward(input_ids, position_ids, token_type_ids, h->word, h->pos, h->types,
+                         h->ln_weight, h->ln_bias, h->project, h->project_bias, hidden, cu_seqlens,
+                         max_seqlen, num_heads, scale, h->gemms, h->biases, h->norms, intermediate,
+                         activation, eps, allow_avx512);
+}
+
 }  // namespace
 }  // namespace bertfast
 
@@ -704,6 +801,19 @@ STABLE_TORCH_LIBRARY(bertfast_cpu, m) {
       "Tensor? project, Tensor? project_bias, int hidden, Tensor cu_seqlens, int max_seqlen, "
       "int num_heads, float scale, Tensor[] gemms, Tensor?[] biases, Tensor[] norms, "
       "int[] splits, str? activation, float eps, bool attention_bf16=False) -> Tensor");
+  // encoder_forward's (or, with splits, encoder_forward_int8's) weights held between
+  // calls under the returned handle; encoder_forward_held runs the one on them;
+  // encoder_release drops them (False: nothing was held under the handle).
+  m.def(
+      "encoder_hold(Tensor word, Tensor pos, Tensor? types, Tensor emb_ln_weight, "
+      "Tensor emb_ln_bias, Tensor? project, Tensor? project_bias, Tensor[] gemms, "
+      "Tensor?[] biases, Tensor[] norms, int[]? splits) -> int");
+  m.def(
+      "encoder_forward_held(Tensor input_ids, Tensor position_ids, Tensor? token_type_ids, "
+      "int handle, int hidden, Tensor cu_seqlens, int max_seqlen, int num_heads, float scale, "
+      "int intermediate, str? activation, float eps, bool attention_bf16=False, "
+      "bool allow_avx512=True) -> Tensor");
+  m.def("encoder_release(int handle) -> bool");
 }
 
 // CompositeExplicitAutograd: every device reaches the entry point, whose own check
@@ -727,4 +837,7 @@ STABLE_TORCH_LIBRARY_IMPL(bertfast_cpu, CompositeExplicitAutograd, m) {
   m.impl("encoder_layer_int8", TORCH_BOX(&encoder_layer_int8));
   m.impl("encoder_forward", TORCH_BOX(&encoder_forward));
   m.impl("encoder_forward_int8", TORCH_BOX(&encoder_forward_int8));
+  m.impl("encoder_hold", TORCH_BOX(&encoder_hold));
+  m.impl("encoder_forward_held", TORCH_BOX(&encoder_forward_held));
+  m.impl("encoder_release", TORCH_BOX(&encoder_release));
 }

@@ -16,6 +16,7 @@ fused; on any other weight, read afresh at every call (no cache; see
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch import Tensor
@@ -168,9 +169,27 @@ def _attention_bf16(attention_dtype) -> bool:
 FUSED_FORWARD = True
 
 
+class HeldOperands:
+    """``encoder_forward``'s operands (``embedding``, ``layers``) held on the C++ side
+    under a handle (``_C.cpu.encoder_hold``): a call then passes the handle, not the
+    80-125 tensors whose boxing at every call cost about 0.4 us each. Dropped there
+    (``encoder_release``) when this object is collected."""
+
+    __slots__ = ("handle", "__weakref__")
+
+    def __init__(self, embedding, layers):
+        word, pos, types, ln_w, ln_b, project, project_bias = embedding[:7]
+        self.handle = _kernels.encoder_hold(
+            word, pos, types, ln_w, ln_b, project, project_bias, layers.gemms, layers.biases,
+            layers.norms, layers.splits,
+        )  # fmt: skip
+        # not at interpreter exit: the table goes with the process
+        weakref.finalize(self, _kernels.encoder_release, self.handle).atexit = False
+
+
 def encoder_forward(
     ids, pos, types, embedding, cu_seqlens, max_seqlen, num_heads, scale, layers,
-    attention_dtype=None,
+    attention_dtype=None, held=None,
 ):  # fmt: skip
     """The embeddings and every encoder layer of packed tokens in one native call
     (``_C.cpu.encoder_forward``, or ``encoder_forward_int8`` for int8 weights): the
@@ -180,9 +199,15 @@ def encoder_forward(
     table); ``embedding`` and ``layers``: the operands the cpu encoder runner made
     for them (``CpuEncoder._forward_operands``: a tuple, ``cpu_encoder.LayerOperands``);
     ``attention_dtype``: int8 weights' attention dtype (None: fp32, or
-    ``torch.bfloat16``); fp32 weights take None only (ValueError)."""
+    ``torch.bfloat16``); fp32 weights take None only (ValueError); ``held``: the same
+    operands as a :class:`HeldOperands` (the call passes its handle)."""
     cu, n, sc = cu_seqlens.contiguous(), int(max_seqlen), float(scale)
     bf16 = _attention_bf16(attention_dtype)
+    if held is not None:
+        return _kernels.encoder_forward_held(
+            ids, pos, types, held.handle, embedding[7], cu, n, int(num_heads), sc,
+            layers.intermediate, layers.act, layers.eps, bf16, True,
+        )  # fmt: skip
     if layers.splits is not None:
         return _kernels.encoder_forward_int8(
             ids, pos, types, *embedding, cu, n, int(num_heads), sc, layers.gemms,

@@ -192,7 +192,8 @@ class CpuEncoder:
         the next call at up to ``cpu_weights.small_rows`` rows (of the weights' dtype:
         any such call takes the same panels) while the model holds the same tensor
         objects (a parameter replaced, or weights unpacked and packed again,
-        makes them afresh)."""
+        makes them afresh). Kept operands come with a third element, the same
+        operands held on the C++ side (``cpu.HeldOperands``), released with them."""
         cfg = self.config
         held = self._held()
         e = 7 if cfg.has_projection else 5  # embedding tensors
@@ -215,7 +216,11 @@ class CpuEncoder:
         ):
             return cache[1]
         operands = _make_forward_operands(cfg, held, e, tokens)
-        self._forward_cache = (held, operands) if small and operands is not None else None
+        if small and operands is not None:  # kept: held on the C++ side as well
+            operands = (*operands, _cpu.HeldOperands(*operands))
+            self._forward_cache = (held, operands)
+        else:
+            self._forward_cache = None
         return operands
 
     def forward(self, ids, pos, types, info, attention_dtype=None):
@@ -230,14 +235,14 @@ class CpuEncoder:
         operands = self._forward_operands(ids.shape[0], info.seqlen if info.dense else None)
         if operands is None:
             return None
-        embedding, layers = operands
+        embedding, layers, *held = operands
         if attention_dtype is not None and layers.splits is None:
             return None
         cfg = self.config
         return _cpu.encoder_forward(
             ids, pos, types if embedding[2] is not None else None, embedding,
             info.cu_seqlens, info.max_seqlen, cfg.num_heads, cfg.head_dim**-0.5, layers,
-            attention_dtype,
+            attention_dtype, held[0] if held else None,
         )  # fmt: skip
 
     def embed(self, ids, pos, types):

@@ -232,6 +232,38 @@ def test_weights_changed_after_a_call(how, zoo, monkeypatch):  # noqa: F811
     assert torch.equal(after, _op_by_op(model, ids, mask, monkeypatch))
 
 
+@pytest.mark.parametrize("how", ["parameter replaced", "unpack_weights", "model deleted"])
+def test_kept_operands_are_held_natively_and_released(how, zoo, monkeypatch):  # noqa: F811
+    """The operands the runner keeps are held on the C++ side too (the call passes
+    their handle); a replaced parameter, unpacked weights or the model's end releases
+    them there (``encoder_release`` then finds nothing under the old handle)."""
+    import gc
+
+    from bertfast._C import cpu as native
+
+    hf, folder = zoo["bert"]
+    model = _on_panels(folder, "bert", monkeypatch)
+    ids, mask = _batch([6, 4], hf.config.vocab_size)
+    seen = []
+    real = native.encoder_forward_held
+    monkeypatch.setattr(native, "encoder_forward_held", lambda *a: seen.append(a[3]) or real(*a))
+    before = _last(model, ids, mask)
+    assert len(seen) == 1
+    handle = seen[0]
+    assert torch.equal(_last(model, ids, mask), before) and seen == [handle, handle]
+    L = model.layers._modules["0"]
+    if how == "parameter replaced":
+        L.ffn_ln.weight = nn.Parameter(L.ffn_ln.weight.detach() * 1.5, requires_grad=False)
+        _last(model, ids, mask)
+        assert len(seen) == 3 and seen[2] != handle  # new operands, a new handle
+    elif how == "unpack_weights":
+        model.unpack_weights()
+    else:
+        del model, L
+        gc.collect()
+    assert native.encoder_release(handle) is False  # released already
+
+
 STEPS = [
     "embeddings",
     "QKV projection",

@@ -1175,6 +1175,59 @@ def _scan_cases():
     }
 
 
+def _held_cases():
+    """encoder_hold / encoder_forward_held (csrc/cpu_ops.cpp): the lists' counts at
+    hold, an unknown handle and bf16 attention on fp32 operands at the call."""
+    out = {}
+    if not hasattr(cpu, "encoder_hold"):  # pragma: no cover - every build has it
+        return out
+
+    def hold_args(int8=False, **over):
+        a = _forward_args(int8=int8)
+        args = {k: a[k] for k in ("word", "pos", "types", "emb_ln_w", "emb_ln_b", "project")}
+        args |= dict(project_b=a["project_b"], gemms=a["gemms"], biases=a["biases"])
+        args |= dict(norms=a["norms"], splits=a.get("splits"))
+        args.update(over)
+        return args
+
+    def call_args(handle, **over):
+        a = _forward_args()
+        args = {k: a[k] for k in ("input_ids", "position_ids", "token_type_ids")}
+        args |= dict(handle=handle, hidden=8, cu=a["cu"], max_len=2, heads=2, scale=0.5)
+        args |= dict(inter=16, act="gelu", eps=1e-12, bf16=False, a=True)
+        args.update(over)
+        return args
+
+    fp32 = cpu.encoder_hold(*hold_args().values())  # held for the process: a few KB
+    gemms = hold_args()["gemms"]
+    out["held/hold gemms count"] = (
+        cpu.encoder_hold,
+        hold_args(gemms=gemms[:-1]),
+        ValueError,
+        "gemms must hold 4 tensors a layer, got 7",
+    )
+    if hasattr(cpu, "encoder_forward_int8"):
+        out["held/hold splits count"] = (
+            cpu.encoder_hold,
+            hold_args(int8=True, splits=[0]),
+            ValueError,
+            "splits must hold one mask a layer (2), got 1",
+        )
+    out["held/unknown handle"] = (
+        cpu.encoder_forward_held,
+        call_args(-1),
+        ValueError,
+        "no operands are held under handle -1",
+    )
+    out["held/bf16 attention on fp32"] = (
+        cpu.encoder_forward_held,
+        call_args(fp32, bf16=True),
+        ValueError,
+        "attention in bfloat16 is for int8 operands only",
+    )
+    return out
+
+
 ALL_CASES = {
     **CASES,
     **_packed_cases(),
@@ -1184,6 +1237,7 @@ ALL_CASES = {
     **_forward_cases(),
     **_pool_cases(),
     **_scan_cases(),
+    **_held_cases(),
     **_bf16_cases(),
 }
 
@@ -1205,7 +1259,8 @@ def test_every_entry_point_is_covered():
     covered = {fn.__name__ for fn, *_ in ALL_CASES.values()}
     # linear_panel_width takes only a bool, int8_isa only a name: they read nothing.
     # The step profile's two functions take no argument.
-    exempt = {"linear_panel_width", "step_profile_start", "step_profile_stop"}
+    # encoder_release takes only a handle (an unknown one gives False).
+    exempt = {"linear_panel_width", "step_profile_start", "step_profile_stop", "encoder_release"}
     exempt |= {"int8_isa"} if hasattr(cpu, "int8_isa") else set()
     assert entry_points - covered == exempt
 
@@ -1461,3 +1516,32 @@ def test_scan_inputs_matches_torch(mask_dtype):
     # without token types and positions their pairs are zeros
     stats, _, _ = cpu.scan_inputs(ids, given, None, None)
     assert stats.tolist()[2:6] == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_held_operands_run_as_the_lists(int8):
+    """encoder_forward_held on operands held by encoder_hold gives the list call's
+    result bit for bit; a step's error names the layer and step as there; after
+    encoder_release the handle is unknown (ValueError), and a second release is False."""
+    if int8 and not hasattr(cpu, "encoder_forward_int8"):  # pragma: no cover
+        pytest.skip("no int8 kernels in this build")
+    a = _forward_args(int8=int8)
+    lists = cpu.encoder_forward_int8 if int8 else cpu.encoder_forward
+    want = _call(lists, a)
+    handle = cpu.encoder_hold(
+        a["word"], a["pos"], a["types"], a["emb_ln_w"], a["emb_ln_b"], a["project"],
+        a["project_b"], a["gemms"], a["biases"], a["norms"], a["splits"] if int8 else None,
+    )  # fmt: skip
+
+    def held(max_len=2):
+        args = [a["input_ids"], a["position_ids"], a["token_type_ids"], handle, 8, a["cu"]]
+        args += [max_len, 2, 0.5, 16, "gelu", 1e-12, False, True]
+        return cpu.encoder_forward_held(*args)
+
+    assert torch.equal(held(), want)
+    with pytest.raises(ValueError, match=r"layer 0 \(encoder_layer(_int8)?\): attention"):
+        held(max_len=1)  # a step's error, as the list call names it
+    assert cpu.encoder_release(handle) is True
+    with pytest.raises(ValueError, match=f"no operands are held under handle {handle}"):
+        held()
+    assert cpu.encoder_release(handle) is False
