@@ -528,9 +528,13 @@ class BertfastModel(nn.Module):
         device = input_ids.device
         checks = self._value_checks(token_type_ids is not None, position_ids is not None, S)
         full = attention_mask is None  # every position real: counts known on the host
+        roberta = position_ids is None and cfg.position_scheme == "roberta"
+        if roberta:  # RoBERTa's default positions: past the padding index, from the ids
+            real = input_ids.ne(cfg.pad_token_id).long()
+            position_ids = torch.cumsum(real, 1) * real + cfg.pad_token_id
         if self._graphs is None and not torch.compiler.is_compiling():
             scanned = self._prepare_scanned(
-                input_ids, attention_mask, token_type_ids, position_ids, checks
+                input_ids, attention_mask, token_type_ids, position_ids, checks, roberta
             )
             if scanned is not None:
                 return scanned
@@ -539,12 +543,10 @@ class BertfastModel(nn.Module):
 
         # Device scalars of the value checks, in the order of ``checks``.
         scalars, token_type_ids = self._id_scalars(input_ids, token_type_ids, (B, S))
-        if position_ids is not None:
-            scalars += [*torch.aminmax(position_ids)]
-        elif cfg.position_scheme == "roberta":
-            real = input_ids.ne(cfg.pad_token_id).long()
-            position_ids = torch.cumsum(real, 1) * real + cfg.pad_token_id
+        if roberta:  # the largest default position
             scalars.append(position_ids.max())
+        elif position_ids is not None:
+            scalars += [*torch.aminmax(position_ids)]
         else:  # S - 1 was checked on the host
             position_ids = torch.arange(S, device=device).expand(B, S)
 
@@ -560,17 +562,14 @@ class BertfastModel(nn.Module):
         total, longest = (B * S, S) if full else values[-2:]
         return attention_mask, token_type_ids, position_ids, (keep, lengths, total, longest)
 
-    def _prepare_scanned(self, input_ids, mask, types, positions, checks):
+    def _prepare_scanned(self, input_ids, mask, types, pos, checks, roberta):
         """``_prepare_counted``'s result from one pass over the inputs where a backend
         reads them on the host (``ops.scan_inputs``: CPU tensors), in place of a torch
         op per value: the same tensors, the same checks and errors, one host read, and
-        as counts the batch's ``PackInfo`` itself. None where no backend scans them."""
+        as counts the batch's ``PackInfo`` itself. None where no backend scans them.
+        ``pos``: the positions given, or RoBERTa's default ones (``roberta``), or None."""
         cfg = self.config
         B, S = input_ids.shape
-        pos = positions
-        if pos is None and cfg.position_scheme == "roberta":
-            real = input_ids.ne(cfg.pad_token_id).long()
-            pos = torch.cumsum(real, 1) * real + cfg.pad_token_id
         scan = ops.scan_inputs(input_ids, mask, types, pos)
         if scan is None:
             return None
@@ -579,10 +578,10 @@ class BertfastModel(nn.Module):
         values = [ids_lo, ids_hi]  # in the order of ``checks``
         if types is not None:
             values += [types_lo, types_hi] if cfg.has_token_types else [types_lo or types_hi]
-        if positions is not None:
-            values += [pos_lo, pos_hi]
-        elif pos is not None:  # RoBERTa's default positions: the largest
+        if roberta:  # the largest default position
             values.append(pos_hi)
+        elif pos is not None:
+            values += [pos_lo, pos_hi]
         self._check_values(checks, values)
         if not cfg.has_token_types:
             types = None

@@ -449,9 +449,8 @@ def scan_inputs(input_ids, attention_mask, token_type_ids, position_ids):
     reads these tensors on the host (the cpu backend: CPU tensors, ``cpu.scan_inputs``):
     ``(stats, cu_seqlens, indices)``, ``stats`` an int64 tensor ``[ids min, ids max, token
     types min, max, positions min, max, real tokens, longest row]`` for the caller's one
-    host read. None
-    otherwise: the caller computes the same with torch ops (``padding.mask_lengths``,
-    ``pack_info_from_counts``)."""
+    host read. None otherwise: the caller computes the same with torch ops
+    (``padding.mask_lengths``, ``pack_info_from_counts``)."""
     return cpu.scan_inputs(input_ids, attention_mask, token_type_ids, position_ids)
 
 

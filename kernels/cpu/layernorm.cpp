@@ -28,9 +28,10 @@ BF_INLINE float row_sum(const float* BF_RESTRICT row, int64_t n, F f) {
   v8f a0 = {}, a1 = {}, a2 = {}, a3 = {};
   int64_t j = 0;
   for (; j + 32 <= n; j += 32) {
-    // v8f is aligned(4): plain unaligned loads (a memcpy into a vector variable went
+    // plain unaligned loads of a may_alias vector (a memcpy into a vector variable went
     // through the stack in 16-byte halves and stalled every reload)
-    const v8f* x = reinterpret_cast<const v8f*>(row + j);
+    typedef float v8f_row __attribute__((vector_size(32), aligned(4), may_alias));
+    const v8f_row* x = reinterpret_cast<const v8f_row*>(row + j);
     a0 += f(x[0]);
     a1 += f(x[1]);
     a2 += f(x[2]);
