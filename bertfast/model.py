@@ -492,17 +492,22 @@ class BertfastModel(nn.Module):
         aminmax is unpacked into the list: torch 2.11's dynamo cannot add its result
         tuple to a list (``list += aminmax``), which broke ``torch.compile(model,
         fullgraph=True)``."""
-        cfg = self.config
         scalars = [*torch.aminmax(input_ids)]
         if token_type_ids is not None:
-            if cfg.has_token_types:
+            if self.config.has_token_types:
                 scalars += [*torch.aminmax(token_type_ids)]
             else:
                 scalars.append((token_type_ids != 0).any())
-                token_type_ids = None
-        if cfg.has_token_types and token_type_ids is None:
-            token_type_ids = torch.zeros(shape, dtype=torch.long, device=input_ids.device)
-        return scalars, token_type_ids
+        return scalars, self._token_types(token_type_ids, shape, input_ids.device)
+
+    def _token_types(self, token_type_ids, shape, device):
+        """The token types to embed: those given, zeros of ``shape`` where the family has
+        token types and none were given, None where it has none."""
+        if not self.config.has_token_types:
+            return None
+        if token_type_ids is None:
+            return torch.zeros(shape, dtype=torch.long, device=device)
+        return token_type_ids
 
     def _prepare_counted(self, input_ids, attention_mask, token_type_ids, position_ids):
         """Validate the inputs and fill in the defaults; returns ``(mask, token types or
@@ -583,10 +588,7 @@ class BertfastModel(nn.Module):
         elif pos is not None:
             values += [pos_lo, pos_hi]
         self._check_values(checks, values)
-        if not cfg.has_token_types:
-            types = None
-        elif types is None:
-            types = torch.zeros((B, S), dtype=torch.long)
+        types = self._token_types(types, (B, S), input_ids.device)
         if pos is None:  # S - 1 was checked on the host
             pos = torch.arange(S).expand(B, S)
         if mask is None:

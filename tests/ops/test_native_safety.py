@@ -894,12 +894,10 @@ def _forward_cases():
 
 def _pool_args(**over):
     """pool_packed's arguments: 5 rows of width 8 in sequences of 2 and 3, mean."""
-    args = dict(
+    return dict(
         h=torch.randn(5, 8), cu=torch.tensor([0, 2, 5], dtype=torch.int32), mode="mean",
         normalize=True,
-    )  # fmt: skip
-    args.update(over)
-    return args
+    ) | over  # fmt: skip
 
 
 def _pool_cases():
@@ -1110,12 +1108,10 @@ def _bf16_cases():
 
 def _scan_args(**over):
     """scan_inputs' arguments: ids [2, 3], an int64 mask, types and positions."""
-    args = dict(
+    return dict(
         ids=torch.tensor([[5, 6, 7], [8, 9, 1]]), mask=torch.tensor([[1, 1, 0], [1, 0, 0]]),
         types=torch.zeros(2, 3, dtype=torch.long), pos=torch.arange(3).expand(2, 3).contiguous(),
-    )  # fmt: skip
-    args.update(over)
-    return args
+    ) | over  # fmt: skip
 
 
 def _scan_cases():
