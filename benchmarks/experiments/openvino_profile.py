@@ -1,8 +1,9 @@
 """Where OpenVINO's time goes, per node type, beside bertfast's own split.
 
 OpenVINO (the fastest fp32 peer on most CPU shapes) compiled as ``bertfast bench``
-compiles it (the same ONNX export, fp32 inference precision, LATENCY hint), with
-its performance counters on; then bertfast's forward on the same shape with each
+compiles it (the same ONNX export, fp32 inference precision, or bf16 with ``--dtype
+bf16`` as the suite's ``openvino-bf16``, LATENCY hint), with its performance
+counters on; then bertfast's forward on the same shape and dtype with each
 native kernel timed (GEMMs, attention, LayerNorm, embedding). Each runtime in a
 process of its own, one after the other, as ``bertfast bench`` times its providers:
 runtimes sharing a process fight over the cores with their thread pools. OpenVINO's
@@ -11,7 +12,8 @@ per-node times are its own counters: they can add up to more than its wall time
 them as which kernels it picks and their rough weight, not as a sum to subtract.
 Usage::
 
-    python benchmarks/experiments/openvino_profile.py [--model minilm] [--shape 8x128] [--threads 2]
+    python benchmarks/experiments/openvino_profile.py [--model minilm] [--shape 8x128] \
+        [--threads 2] [--dtype fp32|bf16]
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from bertfast.bench.peers import onnx_export
 from bertfast.bench.timing import call_times
 
 
-def openvino_split(folder: str, B: int, S: int, threads: int, iters: int):
+def openvino_split(folder: str, B: int, S: int, threads: int, iters: int, dtype: str = "fp32"):
     import openvino as ov
 
     core = ov.Core()
@@ -41,7 +43,7 @@ def openvino_split(folder: str, B: int, S: int, threads: int, iters: int):
         model,
         "CPU",
         {
-            "INFERENCE_PRECISION_HINT": "f32",
+            "INFERENCE_PRECISION_HINT": {"fp32": "f32", "bf16": "bf16"}[dtype],
             "PERFORMANCE_HINT": "LATENCY",
             "INFERENCE_NUM_THREADS": threads,
             "PERF_COUNT": True,
@@ -71,9 +73,10 @@ def openvino_split(folder: str, B: int, S: int, threads: int, iters: int):
     return wall, {k: v / iters for k, v in split.items()}
 
 
-def bertfast_split(folder: str, B: int, S: int, threads: int, iters: int):
+def bertfast_split(folder: str, B: int, S: int, threads: int, iters: int, dtype: str = "fp32"):
     torch.set_num_threads(threads)
-    model = bertfast.from_pretrained(folder, backend="cpu")
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    model = bertfast.from_pretrained(folder, backend="cpu", dtype=torch_dtype)
     ids = torch.randint(1000, 20000, (B, S))
     mask = torch.ones(B, S, dtype=torch.int64)
     ops = [(torch.ops.mkldnn, "_linear_pointwise", "GEMMs (oneDNN)")]
@@ -115,6 +118,7 @@ def main() -> None:
     ap.add_argument("--shape", default="8x128")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="both runtimes")
     args = ap.parse_args()
     folder = str(presets.resolve(args.model))
     B, S = (int(v) for v in args.shape.split("x"))
@@ -122,11 +126,11 @@ def main() -> None:
     runs = [
         (
             "OpenVINO (performance counters on)",
-            in_own_process(openvino_split, folder, B, S, threads, n),
+            in_own_process(openvino_split, folder, B, S, threads, n, args.dtype),
         ),
         (
             "bertfast-cpu (native calls timed)",
-            in_own_process(bertfast_split, folder, B, S, threads, n),
+            in_own_process(bertfast_split, folder, B, S, threads, n, args.dtype),
         ),
     ]
     for title, (wall, split) in runs:

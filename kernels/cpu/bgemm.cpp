@@ -46,22 +46,22 @@ struct BArgs {
   const float* bias;  // fp32, never null
 };
 
-// Rows [i0, i0 + rows) x columns [n0, n0 + ncols) from tmp [rows][kTaskCols].
+// Rows [i0, i0 + rows) x columns [n0, n0 + ncols) from tmp [rows][kTaskCols]: the
+// bias added in place, the activation over the whole block in one out-of-line loop
+// (activate_inplace), then the rounding to bf16.
 template <int ACT>
-BF_INLINE void epilogue(const BArgs& q, const float* tmp, int rows, int64_t i0, int64_t n0,
+BF_INLINE void epilogue(const BArgs& q, float* tmp, int rows, int64_t i0, int64_t n0,
                         int64_t ncols) {
+  const float* b = q.bias + n0;
+  for (int r = 0; r < rows; ++r) {
+    float* t = tmp + r * kTaskCols;
+    for (int64_t j = 0; j < ncols; ++j) t[j] += b[j];
+  }
+  if (ACT != kNoActivation) activate_inplace(ACT, tmp, rows * kTaskCols);
   for (int r = 0; r < rows; ++r) {
     const float* t = tmp + r * kTaskCols;
-    const float* b = q.bias + n0;
     uint16_t* o = q.out + (i0 + r) * q.N + n0;
-    for (int64_t j = 0; j < ncols; ++j) {
-      const float y = t[j] + b[j];
-      o[j] = from_f32<bf16>(ACT == kGeluErf    ? gelu_erf(y)
-                            : ACT == kGeluTanh ? gelu_tanh(y)
-                            : ACT == kRelu     ? relu(y)
-                                               : y)
-                 .bits;
-    }
+    for (int64_t j = 0; j < ncols; ++j) o[j] = from_f32<bf16>(t[j]).bits;
   }
 }
 

@@ -22,17 +22,13 @@ __attribute__((noinline)) BF_CLONES void act_span(T* out, const T* x, const floa
                                                   int64_t n) {
   // No BF_RESTRICT on out/x: they may alias (element j is read before it is written).
   for (int64_t j = 0; j < n; ++j) {
-    float v = to_f32(x[j]) + bias[j];
-    float y;
-    if (ACT == kGeluErf) {
-      y = gelu_erf(v);
-    } else if (ACT == kGeluTanh) {
-      y = gelu_tanh(v);
-    } else {
-      y = relu(v);
-    }
-    out[j] = from_f32<T>(y);
+    out[j] = from_f32<T>(activate<ACT>(to_f32(x[j]) + bias[j]));
   }
+}
+
+template <int ACT>
+__attribute__((noinline)) BF_CLONES void activate_span(float* BF_RESTRICT x, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) x[j] = activate<ACT>(x[j]);
 }
 
 template <typename T, int ACT>
@@ -76,6 +72,11 @@ void bias_act_typed(T* out, const T* x, const void* bias, int64_t rows, int64_t 
 }
 
 }  // namespace
+
+void activate_inplace(int act, float* x, int64_t n) {
+  dispatch_activation</*kWithNone=*/true>(
+      act, [&](auto act_c) { activate_span<decltype(act_c)::value>(x, n); });
+}
 
 void bias_act(int dtype, void* out, const void* x, const void* bias, int64_t rows, int64_t cols,
               int activation, int num_threads) {

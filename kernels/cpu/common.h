@@ -218,23 +218,20 @@ BF_INLINE F clamp_keep_nan(F x, float lo, float hi) {
   return a > hi ? F{} + hi : a;
 }
 
-// exp(x) for fp32, relative error ~1e-7, on a float or lane by lane on a vector (the
-// same operations, so the same result). Returns exactly 0 below -87.3 (so exp(-inf)
-// == 0), saturates near 2^127 above 88.3, and NaN for NaN (the clamp keeps it, and n
-// is read from the float's bits, not converted).
+// e^x for x in [-87, 88] (no range handling: the callers bound x), on a float or
+// lane by lane on a vector (the same operations, so the same result); NaN for NaN (n
+// is read from the float's bits, not converted). Relative error ~1e-7.
 template <typename F>
-BF_INLINE F fast_exp(F x) {
-  const float lo = -87.3f, hi = 88.3f;
-  const F xc = clamp_keep_nan(x, lo, hi);
+BF_INLINE F exp_in_range(F x) {
   // n = round(x / ln2) via the 1.5 * 2^23 trick (exact for |n| < 2^22): the sum's
   // low mantissa bits hold n + 2^22, read as an integer (no float -> int
   // conversion, which is undefined for NaN).
-  const F big = xc * 1.44269504088896341f + 12582912.0f;
+  const F big = x * 1.44269504088896341f + 12582912.0f;
   const F n = big - 12582912.0f;
   using U = typename UintOf<F>::type;
   const U ni = bit_cast_<U>(big) - f32_to_bits(12582912.0f);  // n mod 2^32
   // r = x - n ln2 in two steps (Cody-Waite), |r| <= ln2 / 2.
-  F r = n * -0.693145751953125f + xc;
+  F r = n * -0.693145751953125f + x;
   r = n * -1.428606765330187045e-06f + r;
   // e^r by its Taylor series to degree 7 (truncation < 6e-9 for |r| <= 0.347).
   F p = F{} + 1.0f / 5040.0f;
@@ -246,52 +243,47 @@ BF_INLINE F fast_exp(F x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   const F scale = bit_cast_<F>((ni + 127u) << 23);  // 2^n
-  const F e = p * scale;                            // NaN when x is NaN (p is)
+  return p * scale;                                 // NaN when x is NaN (p is)
+}
+
+// exp(x) for fp32, relative error ~1e-7, on a float or lane by lane on a vector.
+// Returns exactly 0 below -87.3 (so exp(-inf) == 0), saturates near 2^127 above 88.3,
+// and NaN for NaN (the clamp keeps it).
+template <typename F>
+BF_INLINE F fast_exp(F x) {
+  const float lo = -87.3f, hi = 88.3f;
+  const F e = exp_in_range(clamp_keep_nan(x, lo, hi));
   return x < lo ? F{} : e;
 }
 
-// GELU with the exact (erf) form: x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2.
-// With z = |x| / sqrt 2:
-//   z <  0.9 : erf(z) = z * PA(z^2)                      (degree-6 fit)
-//   z >= 0.9 : erfc(z) = exp(QB(z - 3.2) - z^2)          (degree-11 fit of log erfc + z^2)
-//   z >  5.5 : erfc(z) = 0 (below 1e-14)
-// For x < 0, Phi = erfc(z) / 2 is taken directly, so tiny outputs keep their
-// relative accuracy. Coefficients are least-squares fits made for bertfast
-// (max fit error 7e-10 and 4e-8); the fp32 result is within a few ulp of
-// erf-based GELU in double.
+// GELU with the exact (erf) form: x * Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2 =
+// erfc(z) / 2 for x < 0 and 1 - erfc(z) / 2 for x >= 0, with z = |x| / sqrt 2 and
+//   erfc(z) = exp(Q(z - 2.75) - z^2)   for z <= 5.5 (Q: degree 13, fit to log erfc + z^2)
+//   erfc(z) = 0                          for z > 5.5 (below 1e-14)
+// One branch-free formula for every x: the exponent (z^2 split into hi + lo, exact
+// with FMA) keeps exp(-z^2) accurate, so tiny outputs (x << 0) keep their relative
+// accuracy; Q is evaluated in Estrin's form (four levels of FMAs instead of a chain
+// of thirteen). Q's coefficients are a weighted least-squares fit made for bertfast
+// (fit error 4e-8; 5e-7 with fp32 rounding, the erfc's relative error).
 BF_INLINE float gelu_erf(float x) {
-  float z = (x < 0.0f ? -x : x) * 0.70710678118654752f;
-  float s = z * z;
-  float pa = 8.531626796e-05f;
-  pa = pa * s + -8.177876373e-04f;
-  pa = pa * s + 5.203810092e-03f;
-  pa = pa * s + -2.686034688e-02f;
-  pa = pa * s + 1.128370791e-01f;
-  pa = pa * s + -3.761263393e-01f;
-  pa = pa * s + 1.128379166e+00f;
-  float erf_small = z * pa;
-  float u = z - 3.2f;
-  float qb = 2.240789013e-09f;
-  qb = qb * u + 3.194997185e-09f;
-  qb = qb * u + -1.314311168e-07f;
-  qb = qb * u + 9.027535025e-07f;
-  qb = qb * u + -5.529268727e-06f;
-  qb = qb * u + 3.406755847e-05f;
-  qb = qb * u + -1.996094301e-04f;
-  qb = qb * u + 1.131789162e-03f;
-  qb = qb * u + -6.420949218e-03f;
-  qb = qb * u + 3.846468590e-02f;
-  qb = qb * u + -2.875593939e-01f;
-  qb = qb * u + -1.779466748e+00f;
-  // z^2 split into hi + lo (exact with FMA) keeps exp(-z^2) accurate.
-  float s_lo = std::fma(z, z, -s);
-  float erfc_large = fast_exp((qb - s) - s_lo);
-  erfc_large = z > 5.5f ? 0.0f : erfc_large;
-  bool small = z < 0.9f;
-  float erfc_z = small ? 1.0f - erf_small : erfc_large;
-  float erf_z = small ? erf_small : 1.0f - erfc_large;
-  float phi = x < 0.0f ? 0.5f * erfc_z : 0.5f + 0.5f * erf_z;
-  return x * phi;
+  const float z = (x < 0.0f ? -x : x) * 0.70710678118654752f;
+  const float zc = z < 5.5f ? z : 5.5f;  // Q's range (NaN: 5.5; x * phi stays NaN)
+  const float u = zc - 2.75f, u2 = u * u, u4 = u2 * u2, u8 = u4 * u4;
+  const float p0 = u * -3.265359700e-01f + -1.641640425e+00f;
+  const float p1 = u * -8.933229372e-03f + 4.871340469e-02f;
+  const float p2 = u * -3.206881229e-04f + 1.704685157e-03f;
+  const float p3 = u * -9.571684132e-06f + 5.787208647e-05f;
+  const float p4 = u * -1.588799279e-07f + 1.292085017e-06f;
+  const float p5 = u * 2.541649113e-09f + 2.971788859e-08f;
+  const float p6 = u * 6.417913978e-10f + -3.977631113e-09f;
+  const float q0 = u2 * p1 + p0, q1 = u2 * p3 + p2, q2 = u2 * p5 + p4;
+  const float q = u8 * (u4 * p6 + q2) + (u4 * q1 + q0);
+  const float s = zc * zc;
+  const float s_lo = std::fma(zc, zc, -s);
+  float erfc_z = exp_in_range((q - s) - s_lo);  // exponent in [-33, 0]
+  erfc_z = z > 5.5f ? 0.0f : erfc_z;
+  const float h = 0.5f * erfc_z;
+  return x * (x < 0.0f ? h : 1.0f - h);
 }
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)),
@@ -305,6 +297,22 @@ BF_INLINE float gelu_tanh(float x) {
 
 // NaN propagates (as in torch), -0 stays -0.
 BF_INLINE float relu(float x) { return x < 0.0f ? 0.0f : x; }
+
+// act(y) for an activation code of constants.h (kGeluErf, kGeluTanh, kRelu; any other
+// code: y unchanged).
+template <int ACT>
+BF_INLINE float activate(float y) {
+  return ACT == kGeluErf    ? gelu_erf(y)
+         : ACT == kGeluTanh ? gelu_tanh(y)
+         : ACT == kRelu     ? relu(y)
+                            : y;
+}
+
+// x[j] = act(x[j]) for j < n, in place, as one out-of-line unit-stride loop that
+// vectorises (bias_act.cpp): what the GEMM epilogues call on their fp32 sums, where
+// the activation inlined into the tile loop's function would be compiled short of
+// registers (its polynomial constants spilled to the stack).
+void activate_inplace(int act, float* x, int64_t n);
 
 // ------------------------------------------------------------------ large outputs
 // A fresh output tensor above glibc's mmap threshold is new mmap memory at every

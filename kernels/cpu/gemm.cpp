@@ -80,13 +80,8 @@ BF_INLINE void store_rows(const float* BF_RESTRICT total, int64_t stride,
   for (int64_t r = 0; r < rows; ++r) {
     const float* tmp = total + r * stride;
     float* o = out + r * N + n0;
-    for (int64_t j = 0; j < ncols; ++j) {
-      const float y = tmp[j] + bias[n0 + j];
-      o[j] = ACT == kGeluErf    ? gelu_erf(y)
-             : ACT == kGeluTanh ? gelu_tanh(y)
-             : ACT == kRelu     ? relu(y)
-                                : y;
-    }
+    for (int64_t j = 0; j < ncols; ++j) o[j] = tmp[j] + bias[n0 + j];
+    if (ACT != kNoActivation) activate_inplace(ACT, o, ncols);
   }
 }
 

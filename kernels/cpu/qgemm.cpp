@@ -82,22 +82,13 @@ BF_INLINE void epilogue(const QArgs& q, const int32_t* tmp, int rows, int64_t i0
       const float* b = q.bias + n0;
       float* o = q.out + m * q.N + n0;
       if (q.accumulate) {
-        for (int64_t j = 0; j < ncols; ++j) {
-          const float y = static_cast<float>(t[j] - zp * cs[j]) * (sx * ws[j]) + b[j] + o[j];
-          o[j] = MODE == kGeluErf    ? gelu_erf(y)
-                 : MODE == kGeluTanh ? gelu_tanh(y)
-                 : MODE == kRelu     ? relu(y)
-                                     : y;
-        }
-        continue;
+        for (int64_t j = 0; j < ncols; ++j)
+          o[j] += static_cast<float>(t[j] - zp * cs[j]) * (sx * ws[j]) + b[j];
+      } else {
+        for (int64_t j = 0; j < ncols; ++j)
+          o[j] = static_cast<float>(t[j] - zp * cs[j]) * (sx * ws[j]) + b[j];
       }
-      for (int64_t j = 0; j < ncols; ++j) {
-        const float y = static_cast<float>(t[j] - zp * cs[j]) * (sx * ws[j]) + b[j];
-        o[j] = MODE == kGeluErf    ? gelu_erf(y)
-               : MODE == kGeluTanh ? gelu_tanh(y)
-               : MODE == kRelu     ? relu(y)
-                                   : y;
-      }
+      if (MODE != kNoActivation) activate_inplace(MODE, o, ncols);
     }
   }
 }
