@@ -3,11 +3,15 @@
 // arithmetic (bertfast/ops/cpu_weights.py routes the rows).
 //
 // Micro-kernels, chosen per call (the binding resolves the isa):
-//   AMX (tdpbf16ps): a task is up to MB rows x two 32-column panels; 16 rows at a
-//     time, one A tile (16 rows x 32 k) against four B tiles (16 k pairs x 16 columns,
-//     two per panel, read straight from the packed panels with a 128-byte stride),
-//     four fp32 accumulator tiles; the activations are copied once per call into a
-//     buffer padded to whole tiles (16 rows, K to 32) where they are not already.
+//   AMX (tdpbf16ps): a task is up to MB rows x two 32-column panels, taken a panel
+//     at a time: 16 rows at a time, one A tile (16 rows x 32 k) against the panel's
+//     two B tiles (16 k pairs x 16 columns, read straight from the packed panel with
+//     a 128-byte stride), two fp32 accumulator tiles, so the panel is read from L1
+//     for every 16 rows after the first (against four B tiles of both panels per 16
+//     rows, the weights were streamed from L2 for each: 1.02-1.35x slower, results
+//     equal bit for bit; notes of 2026-11-29, second session); the activations are
+//     copied once per call into a buffer padded to whole tiles (16 rows, K to 32)
+//     where they are not already.
 //   portable: the same packed weights, fp32 FMAs over each k pair (any CPU; tests).
 // Epilogue: the fp32 sums + bias, the activation, one rounding to bf16.
 // Threads: OpenMP static split over (row block, panel pair) tasks, panel major, a
@@ -46,20 +50,20 @@ struct BArgs {
   const float* bias;  // fp32, never null
 };
 
-// Rows [i0, i0 + rows) x columns [n0, n0 + ncols) from tmp [rows][kTaskCols]: the
-// bias added in place, the activation over the whole block in one out-of-line loop
-// (activate_inplace), then the rounding to bf16.
+// Rows [i0, i0 + rows) x columns [n0, n0 + ncols) from tmp [rows][ld] (every element
+// of it written by the caller): the bias added in place, the activation over the
+// whole block in one out-of-line loop (activate_inplace), then the rounding to bf16.
 template <int ACT>
-BF_INLINE void epilogue(const BArgs& q, float* tmp, int rows, int64_t i0, int64_t n0,
+BF_INLINE void epilogue(const BArgs& q, float* tmp, int64_t ld, int rows, int64_t i0, int64_t n0,
                         int64_t ncols) {
   const float* b = q.bias + n0;
   for (int r = 0; r < rows; ++r) {
-    float* t = tmp + r * kTaskCols;
+    float* t = tmp + r * ld;
     for (int64_t j = 0; j < ncols; ++j) t[j] += b[j];
   }
-  if (ACT != kNoActivation) activate_inplace(ACT, tmp, rows * kTaskCols);
+  if (ACT != kNoActivation) activate_inplace(ACT, tmp, rows * ld);
   for (int r = 0; r < rows; ++r) {
-    const float* t = tmp + r * kTaskCols;
+    const float* t = tmp + r * ld;
     uint16_t* o = q.out + (i0 + r) * q.N + n0;
     for (int64_t j = 0; j < ncols; ++j) o[j] = from_f32<bf16>(t[j]).bits;
   }
@@ -91,7 +95,7 @@ __attribute__((noinline)) BF_CLONES void task_portable(const BArgs& q, int64_t m
           t[c] += a0 * bf16_bits_to_f32(b[2 * c]) + a1 * bf16_bits_to_f32(b[2 * c + 1]);
       }
     }
-    epilogue<ACT>(q, tmp, 1, m, n0, ncols);
+    epilogue<ACT>(q, tmp, kTaskCols, 1, m, n0, ncols);
   }
 }
 
@@ -99,51 +103,47 @@ __attribute__((noinline)) BF_CLONES void task_portable(const BArgs& q, int64_t m
 #define BF_BGEMM_AMX_TARGET \
   __attribute__((target("arch=x86-64-v4,avx512bf16,amx-tile,amx-bf16,prefer-vector-width=512")))
 
-// Tiles: 0-3 accumulators (16 rows x 16 columns each), 4 A, 5-6 B, configured by the
-// calling thread (amx_begin: once a call in run_tasks, not a task). A task's second
-// panel may not exist (N up to the first panel): then its two tiles run on the first
-// panel again and their sums are not written (ncols stops before them).
+// A task's panels one at a time: 16 rows x the panel's 32 columns per pass over K, one A
+// tile (4) against the panel's two B tiles (5, 6) into two accumulators (0, 1), so the
+// panel (K x 32 bf16, read straight from the packed panels with a 128-byte stride)
+// stays in L1 across the task's row groups; the sums of all of them gathered in tmp
+// [MB][32] and the epilogue run once over those. Tiles configured by the calling
+// thread (amx_begin: once a call in run_tasks, not a task).
 template <int ACT>
 BF_BGEMM_AMX_TARGET __attribute__((noinline)) void task_amx(const BArgs& q, int64_t mb, int64_t p) {
   int64_t n0, ncols, m_end;
   task_bounds(q, mb, p, n0, ncols, m_end);
   const int64_t panel_bytes = q.K2 * kStepBytes;
-  const char* b0 = reinterpret_cast<const char*>(q.packed) + (n0 / kBPanel) * panel_bytes;
-  const char* b1 = ncols > kBPanel ? b0 + panel_bytes : b0;
   const int64_t kblocks = q.K2 / 16;
   const int64_t lda_bytes = q.lda * 2;
-  alignas(64) float tmp[16 * kTaskCols];
-  for (int64_t i0 = mb * MB; i0 < m_end; i0 += 16) {
-    const int rows = static_cast<int>(m_end - i0 < 16 ? m_end - i0 : 16);
-    const char* a = reinterpret_cast<const char*>(q.a + i0 * q.lda);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t kb = 0; kb < kblocks; ++kb) {
-      const int64_t off = kb * 16 * kStepBytes;
-      _tile_loadd(4, a + kb * 64, lda_bytes);
-      _tile_loadd(5, b0 + off, kStepBytes);
-      _tile_dpbf16ps(0, 4, 5);
-      _tile_loadd(6, b0 + off + 64, kStepBytes);
-      _tile_dpbf16ps(1, 4, 6);
-      _tile_loadd(5, b1 + off, kStepBytes);
-      _tile_dpbf16ps(2, 4, 5);
-      _tile_loadd(6, b1 + off + 64, kStepBytes);
-      _tile_dpbf16ps(3, 4, 6);
+  const int64_t m0 = mb * MB;
+  alignas(64) float tmp[MB * kBPanel];
+  for (int64_t c0 = 0; c0 < ncols; c0 += kBPanel) {
+    const char* b = reinterpret_cast<const char*>(q.packed) + ((n0 + c0) / kBPanel) * panel_bytes;
+    for (int64_t i0 = m0; i0 < m_end; i0 += 16) {
+      const char* a = reinterpret_cast<const char*>(q.a + i0 * q.lda);
+      _tile_zero(0);
+      _tile_zero(1);
+      for (int64_t kb = 0; kb < kblocks; ++kb) {
+        const int64_t off = kb * 16 * kStepBytes;
+        _tile_loadd(4, a + kb * 64, lda_bytes);
+        _tile_loadd(5, b + off, kStepBytes);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, b + off + 64, kStepBytes);
+        _tile_dpbf16ps(1, 4, 6);
+      }
+      _tile_stored(0, tmp + (i0 - m0) * kBPanel, kBPanel * 4);
+      _tile_stored(1, tmp + (i0 - m0) * kBPanel + 16, kBPanel * 4);
     }
-    _tile_stored(0, tmp, kTaskCols * 4);
-    _tile_stored(1, tmp + 16, kTaskCols * 4);
-    _tile_stored(2, tmp + 32, kTaskCols * 4);
-    _tile_stored(3, tmp + 48, kTaskCols * 4);
-    epilogue<ACT>(q, tmp, rows, i0, n0, ncols);
+    const int64_t pcols = ncols - c0 < kBPanel ? ncols - c0 : kBPanel;
+    epilogue<ACT>(q, tmp, kBPanel, static_cast<int>(m_end - m0), m0, n0 + c0, pcols);
   }
 }
 
 // A thread's tiles for its task_amx tasks of one call: configured before the first,
 // released after the last (once a task cost more than the tasks of a few rows' GEMM
 // can spare).
-BF_BGEMM_AMX_TARGET __attribute__((noinline)) void amx_begin() { amx_configure_16x64(7); }
+BF_BGEMM_AMX_TARGET __attribute__((noinline)) void amx_begin() { amx_configure_16x64(7); }  // 0-6
 BF_BGEMM_AMX_TARGET __attribute__((noinline)) void amx_end() { _tile_release(); }
 #endif  // BF_BGEMM_AMX
 

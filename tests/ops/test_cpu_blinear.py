@@ -52,6 +52,7 @@ SHAPES = [  # (M, N, K)
     (52, 96, 70),  # a task with one panel, K padded, rows not a multiple of 16
     (64, 1152, 384),  # M a whole task, K whole k blocks: no padded copy on AMX
     (16, 33, 1536),  # no padded copy, N odd
+    (150, 200, 96),  # rows over three tasks, the last 22 (two row groups), a one-panel task
     (37, 64, 1536),
     (130, 100, 70),  # three 64-row tasks
     (130, 192, 384),
@@ -301,7 +302,9 @@ def test_nan_in_bias(isa, activation):
 
 @pytest.mark.skipif(not _HAS_AMX, reason="this CPU (or OS) has no AMX-BF16")
 @pytest.mark.parametrize("activation", ACTIVATIONS, ids=str)
-@pytest.mark.parametrize("M,N,K", [(17, 130, 384), (64, 1152, 384), (37, 64, 1536)])
+@pytest.mark.parametrize(
+    "M,N,K", [(17, 130, 384), (64, 1152, 384), (37, 64, 1536), (150, 200, 384)]
+)
 def test_amx_and_portable_agree(activation, M, N, K):
     x, w, b = _data(M, N, K, seed=11)
     packed = cpu.bgemm_pack(w)
