@@ -358,13 +358,15 @@ BF16_PANELS: bool = _bf16_gemm_amx()
 
 #: Rows up to which a bf16 weight oneDNN holds in the C++ bf16 GEMM's panels runs on
 #: that GEMM (reading oneDNN's buffer in place), above on oneDNN. Whole MiniLM bf16
-#: forwards, 2 threads, Intel Xeon (Emerald Rapids) AMX, the limit at 64 / at 128 in
-#: one process, alternating: 1x96 1.17x, 1x128 1.09x, 2x64 1.26x, 4x32 1.23x faster at
-#: 128 (one native call instead of oneDNN op by op); per GEMM, hot caches, C++ / oneDNN
-#: us at 128 rows: QKV (1152 x 384) 171 / 196, FFN in 237 / 255, FFN out 225 / 292
-#: (``benchmarks/experiments/bf16_few_rows.py --gemms``; benchmarks/results/
-#: cpu-intel-xeon-amx-2t/notes.md, "bf16 few rows" and the session of 2026-11-28, last).
-BF16_SMALL_ROWS = 128
+#: forwards, 2 threads, Intel Xeon (Emerald Rapids) AMX, one process, the limits
+#: alternating round by round (``benchmarks/experiments/bf16_few_rows.py --limits
+#: 128,512,1024``), limit 128 time / limit 512 time: 1x192 1.30x, 1x256 1.24x, 4x128
+#: 1.12x (one native call instead of oneDNN op by op); 8x128 (1024 rows) 1.00-1.01x at
+#: 1024, 0.91x in a second run, so the limit stops at 512. Before the GEMM kept each
+#: panel in L1 across its row groups (2026-11-29) the limit was 128 (1024 rows 0.83x).
+#: benchmarks/results/cpu-intel-xeon-amx-2t/notes.md, "bf16 few rows" and the sessions
+#: of 2026-11-28 (last) and 2026-11-29 (second).
+BF16_SMALL_ROWS = 512
 
 
 def small_rows(dtype: torch.dtype) -> int:
