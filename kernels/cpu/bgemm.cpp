@@ -107,8 +107,8 @@ __attribute__((noinline)) BF_CLONES void task_portable(const BArgs& q, int64_t m
 // tile (4) against the panel's two B tiles (5, 6) into two accumulators (0, 1), so the
 // panel (K x 32 bf16, read straight from the packed panels with a 128-byte stride)
 // stays in L1 across the task's row groups; the sums of all of them gathered in tmp
-// [MB][32] and the epilogue run once over those. Tiles configured by the calling
-// thread (amx_begin: once a call in run_tasks, not a task).
+// [MB][32] and the epilogue run once over those. Tiles 0-6 configured by the calling
+// thread (amx_begin: once a call in run_tasks, not a task; 2 and 3 unused).
 template <int ACT>
 BF_BGEMM_AMX_TARGET __attribute__((noinline)) void task_amx(const BArgs& q, int64_t mb, int64_t p) {
   int64_t n0, ncols, m_end;
@@ -143,7 +143,7 @@ BF_BGEMM_AMX_TARGET __attribute__((noinline)) void task_amx(const BArgs& q, int6
 // A thread's tiles for its task_amx tasks of one call: configured before the first,
 // released after the last (once a task cost more than the tasks of a few rows' GEMM
 // can spare).
-BF_BGEMM_AMX_TARGET __attribute__((noinline)) void amx_begin() { amx_configure_16x64(7); }  // 0-6
+BF_BGEMM_AMX_TARGET __attribute__((noinline)) void amx_begin() { amx_configure_16x64(7); }
 BF_BGEMM_AMX_TARGET __attribute__((noinline)) void amx_end() { _tile_release(); }
 #endif  // BF_BGEMM_AMX
 
