@@ -59,9 +59,12 @@ SHAPES = [  # (M, N, K)
     (48, 64, 192),
     (33, 191, 384),
     (65, 130, 1536),
-    # AMX: 32-row groups (2 x 2 tiles), a last group of 1..16 rows, tasks of 256 rows
+    # AMX: tasks of 256 rows in 16-row groups per 32-column half (a last group of
+    # 1..15 rows), a task of 1..16 rows (1 x 4 tiles), a last panel of 32 columns
     (300, 130, 128),
     (529, 64, 64),
+    (272, 96, 192),
+    (16, 160, 320),
 ]
 
 
