@@ -52,7 +52,8 @@ struct BArgs {
 
 // Rows [i0, i0 + rows) x columns [n0, n0 + ncols) from tmp [rows][ld] (every element
 // of it written by the caller): the bias added in place, the activation over the
-// whole block in one out-of-line loop (activate_inplace), then the rounding to bf16.
+// whole block in one out-of-line loop (activate_inplace<bf16>: an erf GELU is
+// gelu_erf_bf16, made for the rounding that follows), then the rounding to bf16.
 template <int ACT>
 BF_INLINE void epilogue(const BArgs& q, float* tmp, int64_t ld, int rows, int64_t i0, int64_t n0,
                         int64_t ncols) {
@@ -61,7 +62,7 @@ BF_INLINE void epilogue(const BArgs& q, float* tmp, int64_t ld, int rows, int64_
     float* t = tmp + r * ld;
     for (int64_t j = 0; j < ncols; ++j) t[j] += b[j];
   }
-  if (ACT != kNoActivation) activate_inplace(ACT, tmp, rows * ld);
+  if (ACT != kNoActivation) activate_inplace<bf16>(ACT, tmp, rows * ld);
   for (int r = 0; r < rows; ++r) {
     const float* t = tmp + r * ld;
     uint16_t* o = q.out + (i0 + r) * q.N + n0;

@@ -22,13 +22,13 @@ __attribute__((noinline)) BF_CLONES void act_span(T* out, const T* x, const floa
                                                   int64_t n) {
   // No BF_RESTRICT on out/x: they may alias (element j is read before it is written).
   for (int64_t j = 0; j < n; ++j) {
-    out[j] = from_f32<T>(activate<ACT>(to_f32(x[j]) + bias[j]));
+    out[j] = from_f32<T>(activate_for<ACT, T>(to_f32(x[j]) + bias[j]));
   }
 }
 
-template <int ACT>
+template <typename T, int ACT>
 __attribute__((noinline)) BF_CLONES void activate_span(float* BF_RESTRICT x, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) x[j] = activate<ACT>(x[j]);
+  for (int64_t j = 0; j < n; ++j) x[j] = activate_for<ACT, T>(x[j]);
 }
 
 template <typename T, int ACT>
@@ -73,10 +73,13 @@ void bias_act_typed(T* out, const T* x, const void* bias, int64_t rows, int64_t 
 
 }  // namespace
 
+template <typename T>
 void activate_inplace(int act, float* x, int64_t n) {
   dispatch_activation</*kWithNone=*/true>(
-      act, [&](auto act_c) { activate_span<decltype(act_c)::value>(x, n); });
+      act, [&](auto act_c) { activate_span<T, decltype(act_c)::value>(x, n); });
 }
+template void activate_inplace<float>(int act, float* x, int64_t n);
+template void activate_inplace<bf16>(int act, float* x, int64_t n);
 
 void bias_act(int dtype, void* out, const void* x, const void* bias, int64_t rows, int64_t cols,
               int activation, int num_threads) {

@@ -81,7 +81,7 @@ BF_INLINE void store_rows(const float* BF_RESTRICT total, int64_t stride,
     const float* tmp = total + r * stride;
     float* o = out + r * N + n0;
     for (int64_t j = 0; j < ncols; ++j) o[j] = tmp[j] + bias[n0 + j];
-    if (ACT != kNoActivation) activate_inplace(ACT, o, ncols);
+    if (ACT != kNoActivation) activate_inplace<float>(ACT, o, ncols);
   }
 }
 

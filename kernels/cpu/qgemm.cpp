@@ -88,7 +88,7 @@ BF_INLINE void epilogue(const QArgs& q, const int32_t* tmp, int rows, int64_t i0
         for (int64_t j = 0; j < ncols; ++j)
           o[j] = static_cast<float>(t[j] - zp * cs[j]) * (sx * ws[j]) + b[j];
       }
-      if (MODE != kNoActivation) activate_inplace(MODE, o, ncols);
+      if (MODE != kNoActivation) activate_inplace<float>(MODE, o, ncols);
     }
   }
 }

@@ -4,7 +4,8 @@ What only the C++ kernels can get wrong: results that depend on the thread count
 the in-place variant aliasing its input, odd widths (1023, 1500) and head dims
 (80, 17), a large common offset in LayerNorm inputs, sequence length 1, rows with
 no real key, the fp16 / bf16 conversions (bit-exact against torch's rounding),
-the vectorised erf / exp against float64, out-of-range ids.
+the vectorised erf / exp against float64 (and the bf16 result's GELU on every bf16
+input), out-of-range ids.
 
 Every accuracy check applies the one parity rule of ``harness.py`` (float64 gold,
 2x the reference's own error in the same dtype + the per-op ``ATOL`` table); the
@@ -113,6 +114,32 @@ def test_gelu_erf_accuracy_against_float64():
         m = (x > lo) & (x < hi)
         rel = (ours[m].double() - gold[m]).abs() / gold[m].abs()
         assert rel.max().item() < bound, (lo, hi, rel.max().item())
+
+
+def test_gelu_erf_bf16_every_input_against_float64():
+    # bias_gelu on bf16 rounds its result to bf16, and its erf GELU is the one made for
+    # that rounding (gelu_erf_bf16 in kernels/cpu/common.h, relative error <= 1.6e-5):
+    # on every bf16 input, the output is the correctly rounded float64 GELU or a
+    # neighbour of it, and a neighbour only rarely (near a rounding boundary).
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    x = x[torch.isfinite(x)]
+    ours = ops.bias_gelu(x, None, "gelu", backend="cpu")
+    xd = x.double()  # x Phi(x) by erfc: F.gelu in float64 (1 + erf) loses the far tail
+    gold = 0.5 * xd * torch.special.erfc(-xd / 2.0**0.5)
+    nearest = gold.float().to(torch.bfloat16)
+    # Far left (x < -7.78) gelu_erf_bf16 gives 0 where |gold| < 4e-15 |x|.
+    flushed = x.double() < -7.78
+    assert (ours[flushed] == 0).all() and (gold[flushed].abs() <= 4e-15 * x[flushed].abs()).all()
+    keep = ~flushed
+    ours, gold, nearest = ours[keep], gold[keep], nearest[keep]
+    ulp = (nearest.double().abs() * 2.0**-7).clamp_min(2.0**-133)  # >= one bf16 unit
+    assert ((ours.double() - gold).abs() <= ulp).all()
+    same = ours.view(torch.int16) == nearest.view(torch.int16)
+    assert (~same).sum().item() <= 0.002 * same.numel(), (~same).sum().item()
+    # Special values as the fp32 kernel: +inf stays +inf, -inf and NaN give NaN.
+    special = torch.tensor([float("inf"), -float("inf"), float("nan")], dtype=torch.bfloat16)
+    out = ops.bias_gelu(special, None, "gelu", backend="cpu")
+    assert out[0] == float("inf") and out[1:].isnan().all()
 
 
 def test_gelu_tanh_accuracy_against_float64():

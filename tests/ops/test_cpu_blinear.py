@@ -9,6 +9,9 @@ torch references.
   micro-kernel this CPU has (portable always, AMX where the process may use it), odd
   M / N / K around the 16-row tiles, 64-row tasks, 32-column panels and 32-wide k
   blocks, leading dimensions, with and without bias, every activation;
+- the erf GELU made for the rounding to bf16, on fp32 sums between the bf16 values,
+  against float64: every output the correctly rounded value or one unit off, the
+  one-off ones a fraction of a percent, the tail's relative accuracy kept;
 - round to nearest even on exact bf16 ties (against torch's own conversion);
 - empty sizes (M, N or K = 0), NaN / +-inf where the float64 reference has them;
 - the isa argument and BERTFAST_CPU_BF16_ISA, and 1 vs 2 threads bit for bit.
@@ -163,6 +166,58 @@ def test_leading_dims(isa, activation):
     one = cpu.blinear(x[1, 2], packed, b, N, activation, isa)
     assert one.shape == (N,)
     _assert_within(one, ref[1, 2], bound[1, 2], "x [K]")
+
+
+def _gelu_float64(x: torch.Tensor) -> torch.Tensor:
+    """x Phi(x) by erfc, in float64: F.gelu's 1 + erf(x / sqrt 2) loses the tail (2% at
+    x = -7.75, where 1 + erf is 5e-15)."""
+    return 0.5 * x * torch.special.erfc(-x / 2.0**0.5)
+
+
+def _bf16_neighbours(v: torch.Tensor):
+    """The bf16 values just below and above each bf16 value v (finite, nonzero)."""
+    bits = v.view(torch.int16).to(torch.int32)
+    away, toward = (bits + 1).to(torch.int16).view(BF16), (bits - 1).to(torch.int16).view(BF16)
+    lower = torch.where(v > 0, toward, away)
+    upper = torch.where(v > 0, away, toward)
+    return lower, upper
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_gelu_rounded_to_bf16_against_float64(isa):
+    # The epilogue's erf GELU is made for the bf16 rounding that follows
+    # (gelu_erf_bf16, kernels/cpu/common.h: relative error <= 1.6e-5). Each output is
+    # x = a + c, the exact fp32 sum of two bf16 values (K = 2, weights 1), so x runs
+    # between the bf16 values, over [-8, 6]: GELU's tail, its knee and where it is ~x.
+    g = torch.Generator().manual_seed(5)
+    a = torch.linspace(-8.0, 6.0, 40_000).to(BF16)
+    u = torch.rand(a.shape, generator=g).clamp_min(2.0**-8)  # the offset, in units of a/128
+    c = (a.float() * u * 2.0**-7).to(BF16)
+    x = torch.stack([a, c], dim=1)  # [M, 2]
+    w = torch.ones(1, 2, dtype=BF16)
+    got = cpu.blinear(x, cpu.bgemm_pack(w), None, 1, "gelu", isa)[:, 0]
+    xs = a.double() + c.double()
+    assert torch.equal(xs.float().double(), xs)  # the sums are exact in fp32
+    gold = _gelu_float64(xs)
+    # From x = -5.5 sqrt 2 = -7.7782 down, erfc(|x| / sqrt 2) < 4e-15: the output is 0
+    # (from -7.7781 on, its neighbours in fp32 may give either).
+    far = xs <= -7.7781
+    assert (got[xs < -7.7783] == 0).all()
+    assert ((got[far].double() - gold[far]).abs() <= 4e-15 * xs[far].abs()).all()
+    live = ~far
+    got, gold = got[live], gold[live]
+    nearest = gold.float().to(BF16)  # the correctly rounded GELU (torch's RNE)
+    assert (nearest != 0).all()
+    lower, upper = _bf16_neighbours(nearest)
+    exact = got.view(torch.int16) == nearest.view(torch.int16)
+    one_off = (got == lower) | (got == upper)
+    assert (exact | one_off).all(), got[~(exact | one_off)][:5]
+    # A relative error of 1.6e-5 moves the rounding only for values within it of a
+    # rounding boundary: about 0.04% of them here.
+    assert (~exact).sum().item() <= 0.002 * got.numel(), (~exact).sum().item()
+    # The tail keeps its relative accuracy: at x = -7 the output is ~1e-11.
+    rel = (got.double() - gold).abs() / gold.abs()
+    assert rel.max().item() <= 2.0**-7, rel.max().item()
 
 
 @pytest.mark.parametrize("isa", ISAS)
