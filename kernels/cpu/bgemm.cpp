@@ -164,19 +164,28 @@ void run_tasks(const BArgs& q, int isa, int num_threads) {
 #ifdef BF_BGEMM_AMX
     if (isa == kBIsaAmx) amx_begin();
 #endif
-#ifdef BERTFAST_WITH_OPENMP
-#pragma omp for schedule(static)
-#endif
-    for (int64_t t = 0; t < tasks; ++t) {
+    const auto task = [&](int64_t t) {
       const int64_t mb = t % mblocks, p = t / mblocks;  // panel major
 #ifdef BF_BGEMM_AMX
       if (isa == kBIsaAmx) {
         task_amx<ACT>(q, mb, p);
-        continue;
+        return;
       }
 #endif
       (void)isa;
       task_portable<ACT>(q, mb, p);
+    };
+    // Guided above one row block (as qgemm.cpp's run_tiles; why there).
+    if (mblocks >= 2) {
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp for schedule(guided)
+#endif
+      for (int64_t t = 0; t < tasks; ++t) task(t);
+    } else {
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp for schedule(static)
+#endif
+      for (int64_t t = 0; t < tasks; ++t) task(t);
     }
 #ifdef BF_BGEMM_AMX
     if (isa == kBIsaAmx) amx_end();
