@@ -357,16 +357,18 @@ def _bf16_gemm_amx() -> bool:
 BF16_PANELS: bool = _bf16_gemm_amx()
 
 #: Rows up to which a bf16 weight oneDNN holds in the C++ bf16 GEMM's panels runs on
-#: that GEMM (reading oneDNN's buffer in place), above on oneDNN. Whole MiniLM bf16
-#: forwards, 2 threads, Intel Xeon (Emerald Rapids) AMX, one process, the limits
-#: alternating round by round (``benchmarks/experiments/bf16_few_rows.py --limits
-#: 128,512,1024``), limit 128 time / limit 512 time: 1x192 1.30x, 1x256 1.24x, 4x128
-#: 1.12x (one native call instead of oneDNN op by op); 8x128 (1024 rows) 1.00-1.01x at
-#: 1024, 0.91x in a second run, so the limit stops at 512. Before the GEMM kept each
-#: panel in L1 across its row groups (2026-11-29) the limit was 128 (1024 rows 0.83x).
+#: that GEMM (reading oneDNN's buffer in place), above on oneDNN. Whole bf16 forwards,
+#: 2 threads, Intel Xeon (Emerald Rapids) AMX VM, one process, the limits alternating
+#: round by round (``benchmarks/experiments/bf16_few_rows.py --limits A,B``), limit A
+#: time / limit B time. 128 -> 512: MiniLM 1x192 1.30x, 1x256 1.24x, 4x128 1.12x.
+#: 512 -> 1024, once the GEMM's erf GELU cost less (``gelu_erf_bf16``) and its tasks
+#: were handed out guided: MiniLM 6x128 1.24-1.32x, 8x128 1.02-1.15x (three runs),
+#: 16x64 1.01x; BERT-base 4x192 1.22x, 8x128 1.29x (before those two changes 8x128 read
+#: 0.91-1.03x). Not beyond: MiniLM 12x128 0.97x (1024 -> 2048), 16x128 0.94x and 32x128
+#: 0.86x (1024 -> 4096), where oneDNN's larger blocking wins.
 #: benchmarks/results/cpu-intel-xeon-amx-2t/notes.md, "bf16 few rows" and the sessions
-#: of 2026-11-28 (last) and 2026-11-29 (second).
-BF16_SMALL_ROWS = 512
+#: of 2026-11-28 (last), 2026-11-29 (second) and 2026-11-29 (fourth).
+BF16_SMALL_ROWS = 1024
 
 
 def small_rows(dtype: torch.dtype) -> int:
