@@ -229,7 +229,7 @@ def _linear_bertfast(act: str | None, packed: bool = False):
         ops = _ops()
         w = a["weight"]
         if packed and backend == "cpu" and w.device.type == "cpu":
-            from bertfast.ops import cpu_weights
+            from bertfast.ops.cpu import weights as cpu_weights
 
             p = cpu_weights.pack_owned(w)
             w = w if p is None else p

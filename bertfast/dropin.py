@@ -10,7 +10,7 @@ bertfast's padding-free encoder, which reads the model's own weight tensors:
   parameters, and the fused ``[3H, H]`` QKV matrix becomes the storage of the
   model's query/key/value parameters (they are re-pointed at views of it), so
   memory after ``optimize()`` stays at the size of the original model. Nothing is
-  cached from them either (no packed copies, see bertfast/ops/cpu_weights.py):
+  cached from them either (no packed copies, see bertfast/ops/cpu/weights.py):
   every call reads the parameters as they are, so any in-place edit (``.data[...]
   =``, ``copy_`` on a view, a NumPy array sharing the memory, ``load_state_dict``)
   is seen by the next call, and a parameter given a new tensor (``p.data = t``,
@@ -101,7 +101,7 @@ def optimize(
     10.6 MB for all-MiniLM-L6-v2). Edits to the parameters in place are not seen
     by the int8 copy: call ``optimize`` again after editing.
     """
-    from .ops import quant
+    from .ops.cpu import int8 as quant
 
     quant.check_quantize(quantize)
     if padded_positions not in PADDED_POSITIONS:

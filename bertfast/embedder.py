@@ -459,7 +459,7 @@ class Embedder:
         ``FileNotFoundError``; ``BackendError``/``ValueError`` for a backend or device
         that cannot run here). ``quantize="int8"``: int8 encoder weights, as in
         :func:`bertfast.from_pretrained` (CPU, float32)."""
-        from .ops import quant
+        from .ops.cpu import int8 as quant
 
         if threads is not None and (
             isinstance(threads, bool) or not isinstance(threads, int) or threads < 1

@@ -115,7 +115,7 @@ def native_dot_products(flags: list[str] | None = None) -> dict[str, list[str]]:
 def _bf16_small_rows() -> str:
     """``cpu_weights.BF16_SMALL_ROWS`` as text, or "a few" where the C++ part is missing."""
     try:
-        from .ops.cpu_weights import BF16_SMALL_ROWS
+        from .ops.cpu.weights import BF16_SMALL_ROWS
     except Exception:  # no bertfast._C (or no torch oneDNN) in this install
         return "a few"
     return str(BF16_SMALL_ROWS)

@@ -21,7 +21,7 @@ Forward pass (``H`` hidden, ``T`` real tokens of the batch):
 A batch with no padding skips the gathers of steps 3 and 6 (``PackInfo.dense``).
 On the ``cpu`` backend, in plain eager mode, steps 4 and 5 call the backend's
 implementations directly (the backend's encoder runner, ``ops.encoder_runner``:
-``ops/cpu_encoder.py``; resolved once per backend, device and dtype; no per-call
+``ops/cpu/encoder.py``; resolved once per backend, device and dtype; no per-call
 checks or dispatch), since the inputs were validated in step 1 and every activation
 is made here; see docs/design.md, "Per-call overhead and the CPU fast path".
 
@@ -102,7 +102,7 @@ def _as_parameter(tensor: torch.Tensor) -> nn.Parameter:
 _TABLES = re.compile(r"^embeddings\.(word|position|token_type)$")
 
 #: The weights ``quantize="int8"`` quantizes: the encoder layers' linear layers
-#: (see bertfast/ops/quant.py for why the projection, pooler and heads stay fp32).
+#: (see bertfast/ops/cpu/int8.py for why the projection, pooler and heads stay fp32).
 _QUANTIZED = re.compile(r"^layers\.\d+\.(qkv|attn_out|ffn_in|ffn_out)\.weight$")
 
 
@@ -266,7 +266,7 @@ class BertfastModel(nn.Module):
 
     def _quantize_weights(self) -> None:
         """``quantize="int8"``: replace the encoder layers' linear weights by int8
-        :class:`~bertfast.ops.quant.QuantizedWeight` copies (CPU, fp32, cpu backend
+        :class:`~bertfast.ops.cpu.int8.QuantizedWeight` copies (CPU, fp32, cpu backend
         only; ValueError otherwise: never a silent fp32 model)."""
         ops.check_int8_supported(self.device, self.dtype, self.backend)
         self._attention_dtype = ops.int8_attention_dtype()
@@ -1022,7 +1022,7 @@ def from_pretrained(
     ``quantize="int8"`` (CPU, float32, ``cpu``/``auto`` backend; ValueError elsewhere):
     the encoder layers' linear weights are held in int8 with per-output-channel
     scales and the activations quantized per token at run time (see
-    ``bertfast/ops/quant.py``); everything else stays fp32.
+    ``bertfast/ops/cpu/int8.py``); everything else stays fp32.
     """
     ops.check_quantize(quantize)
     device = load_options(device, dtype, backend)

@@ -373,7 +373,7 @@ Tensor step(const Op& op, const char* name, F&& run) {
 }
 
 // attention_varlen on the bf16 rounding of an fp32 qkv, its bf16 output widened back
-// to fp32: what an int8 model's attention runs (bertfast/ops/quant.py,
+// to fp32: what an int8 model's attention runs (bertfast/ops/cpu/int8.py,
 // attention_dtype), in the one call and op by op alike. The two conversions are
 // cpu::convert's (nearest even), with no torch cast or its per-call cost between.
 Tensor attention_varlen_bf16(const Tensor& qkv, const Tensor& cu_seqlens, int64_t max_seqlen,
@@ -451,7 +451,7 @@ Tensor encoder_layer(const Tensor& h, const Tensor& cu_seqlens, int64_t max_seql
 // linear layer is qlinear on the layer's int8 weight (packed, colsum, w_scale as
 // qgemm_pack and the model made them; bit g of `split` is GEMM g's split flag, the
 // GEMMs in the order QKV, attention output, FFN in, FFN out). The ops and their order
-// are the op-by-op int8 layer's (bertfast/ops/cpu_encoder.py; biases where it passes
+// are the op-by-op int8 layer's (bertfast/ops/cpu/encoder.py; biases where it passes
 // them), so the result is the same bit for bit.
 Tensor encoder_layer_int8(
     const Tensor& h, const Tensor& cu_seqlens, int64_t max_seqlen, int64_t num_heads, double scale,
@@ -545,7 +545,7 @@ int64_t forward_layers(const Op& op, const std::vector<Tensor>& gemms, size_t pe
 std::string layer_name(int64_t i) { return "layer " + std::to_string(i); }
 
 // The embeddings and every encoder layer of a model in one call (the cpu backend's
-// encoder runner for rows every GEMM runs on the C++ GEMM: bertfast/ops/cpu_encoder.py):
+// encoder runner for rows every GEMM runs on the C++ GEMM: bertfast/ops/cpu/encoder.py):
 // embed_project, then encoder_layer per layer in the order given (ALBERT's shared layer
 // given once per use). `gemms`: 4 panels a layer (QKV, attention output, FFN in, FFN
 // out), `biases`: their biases, `norms`: 4 a layer (attention LayerNorm weight, bias,

@@ -103,8 +103,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("constants", &constants,
         "dtype and activation codes, CUDA head dims and size limits (kernels/constants.h)");
   using py::arg;
-  auto cpu = m.def_submodule(
-      "cpu", "C++ CPU kernels (kernels/cpu/); see bertfast/ops/cpu.py and bertfast/ops/native.py");
+  auto cpu = m.def_submodule("cpu",
+                             "C++ CPU kernels (kernels/cpu/); see bertfast/ops/cpu/__init__.py and "
+                             "bertfast/ops/native.py");
   cpu.def("linear_panel_width", &bertfast::cpu::linear_panel_width,
           "columns per packed weight panel of the GEMM this CPU runs (32 AVX-512, 16 AVX2)",
           arg("allow_avx512") = true);

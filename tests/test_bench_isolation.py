@@ -86,7 +86,7 @@ def test_gemm_ceiling_counts_the_packed_gemms_a_model_runs():
     and the ceiling they feed is a positive throughput."""
     pytest.importorskip("bertfast._C")
     from bertfast.bench.timing import gemm_ceiling, packed_gemms
-    from bertfast.ops import cpu_weights
+    from bertfast.ops.cpu import weights as cpu_weights
 
     g = torch.Generator().manual_seed(0)
     # 256 rows: above SMALL_ROWS and a oneDNN size, so the oneDNN form runs on oneDNN

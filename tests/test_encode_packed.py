@@ -264,7 +264,7 @@ def test_embed_tokenized_pools_natively_where_it_can(tmp_path, monkeypatch, pool
     has not, pool in torch. Every way gives the padded batch's vectors, normalised
     with ``F.normalize`` where asked, and ``encode`` and the server's ``embed_items``
     return them."""
-    from bertfast.ops.cpu_encoder import CpuEncoder
+    from bertfast.ops.cpu.encoder import CpuEncoder
     from bertfast.serving.batcher import embed_items
 
     from .tiny_embedder import corpus, make_checkpoint

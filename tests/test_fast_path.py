@@ -1,5 +1,5 @@
 """The CPU fast path of the encoder: ``BertfastModel._runner`` takes the cpu
-backend's encoder runner (``ops.encoder_runner``, ``bertfast/ops/cpu_encoder.py``),
+backend's encoder runner (``ops.encoder_runner``, ``bertfast/ops/cpu/encoder.py``),
 resolved once per model, device and dtype, whose ``layers`` calls the backend's
 implementations without per-call checks or dispatch; a batch with no padding skips the
 pack / unpack gathers (``PackInfo.dense``).
@@ -22,7 +22,7 @@ import bertfast
 from bertfast import ops
 from bertfast.embedder import Embedder, pool
 from bertfast.model import BertfastModel
-from bertfast.ops.cpu_encoder import CpuEncoder
+from bertfast.ops.cpu.encoder import CpuEncoder
 
 from .models import build, make_batch, save
 from .test_parity_transformers import ATOL, max_diffs

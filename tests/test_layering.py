@@ -107,9 +107,7 @@ LAYERS = [
             "bertfast.ops.reference",
             "bertfast.ops.sdpa",
             "bertfast.ops.cpu",
-            "bertfast.ops.cpu_weights",
-            "bertfast.ops.cpu_encoder",  # the cpu backend's encoder runner
-            "bertfast.ops.quant",
+            "bertfast.ops.cpu.*",  # its weights, int8 and encoder runner
             "bertfast.ops.cuda",
             "bertfast.ops.cuda_epilogue",
             "bertfast.ops.triton",
@@ -136,12 +134,7 @@ NO_LAYER: dict[str, str] = {}
 #: owns. Peers: no module of one imports a module of another.
 BACKENDS = {
     "torch": ["bertfast.ops.reference", "bertfast.ops.sdpa"],
-    "cpu": [
-        "bertfast.ops.cpu",
-        "bertfast.ops.cpu_weights",
-        "bertfast.ops.cpu_encoder",
-        "bertfast.ops.quant",
-    ],
+    "cpu": ["bertfast.ops.cpu", "bertfast.ops.cpu.*"],
     "cuda": ["bertfast.ops.cuda", "bertfast.ops.cuda_epilogue"],
     "triton": ["bertfast.ops.triton", "bertfast.ops.triton.*"],
 }

@@ -197,7 +197,7 @@ def test_int8_load_returns_the_fp32_weights_it_replaced(checkpoints):
     model holds (``weight_nbytes``: fp32 embeddings and pooler, int8 linears), not by
     the checkpoint. Before, glibc kept the freed pages resident: all-MiniLM-L6-v2's
     int8 load grew the process by 114 MB against 64 MB."""
-    from bertfast.ops import quant
+    from bertfast.ops.cpu import int8 as quant
 
     if quant.unsupported_reason("cpu", torch.float32) is not None:
         pytest.skip(quant.unsupported_reason("cpu", torch.float32))

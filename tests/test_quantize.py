@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import bertfast
-from bertfast.ops import cpu_weights, quant
+from bertfast.ops.cpu import int8 as quant
+from bertfast.ops.cpu import weights as cpu_weights
 
 from .models import build, make_batch, save
 

@@ -1,7 +1,7 @@
 """Weights are never stale, and a loaded model keeps one copy of them.
 
 - ``from_pretrained`` on CPU fp32 (backends ``cpu`` and ``auto``) keeps its linear
-  weights only packed (bertfast/ops/cpu_weights.py): the model's tensor bytes stay
+  weights only packed (bertfast/ops/cpu/weights.py): the model's tensor bytes stay
   within 1.15x of the checkpoint's, every write to a packed weight raises instead of
   being lost, and the documented route (``unpack_weights()``, edit, ``refresh()``)
   gives the new weights' answer.
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import bertfast
-from bertfast.ops import cpu_weights
+from bertfast.ops.cpu import weights as cpu_weights
 from bertfast.ops.parity import END_TO_END_ATOL
 
 from .models import build, make_batch, save

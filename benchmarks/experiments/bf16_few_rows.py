@@ -28,7 +28,7 @@ import torch
 import bertfast
 from bertfast import presets
 from bertfast.bench.timing import measure
-from bertfast.ops import cpu_weights
+from bertfast.ops.cpu import weights as cpu_weights
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ import time
 import torch
 
 from bertfast import _C
-from bertfast.ops import cpu_weights
+from bertfast.ops.cpu import weights as cpu_weights
 
 MODELS = {"minilm": (384, 1536, 6), "bert-base": (768, 3072, 12)}
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from bertfast import _C
-from bertfast.ops import quant
+from bertfast.ops.cpu import int8 as quant
 
 SHAPES = [(384, 1152), (384, 1536), (1536, 384), (768, 2304), (3072, 768)]  # (K, N)
 ROWS = [16, 128, 4096]

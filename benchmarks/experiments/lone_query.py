@@ -32,7 +32,7 @@ from bertfast.bench.serving import make_queries
 from bertfast.bench.timing import call_times
 from bertfast.embedder import pool_packed
 from bertfast.ops import cpu as cpu_ops
-from bertfast.ops.cpu_encoder import CpuEncoder
+from bertfast.ops.cpu.encoder import CpuEncoder
 
 
 def main() -> None:

@@ -175,7 +175,7 @@ class BertfastEmbedderProvider(TextProvider):
 
     def unavailable(self, device, dtype):
         if self.quantize:
-            from ..ops import quant
+            from ..ops.cpu import int8 as quant
 
             return quant.unsupported_reason(device, self.dtype)
         return None

@@ -97,7 +97,7 @@ class BertfastProvider(Provider):
 
 class BertfastInt8Provider(BertfastProvider):
     """``bertfast-cpu-int8``: ``from_pretrained(..., backend="cpu", quantize="int8")``
-    (int8 encoder weights, activations quantized per token; bertfast/ops/quant.py).
+    (int8 encoder weights, activations quantized per token; bertfast/ops/cpu/int8.py).
     An int8 row: checked against INT8_PARITY_TOL, reported with the int8 peers
     (``onnxruntime-int8``, ``ctranslate2-int8``), never in fp32 ratios."""
 
@@ -112,7 +112,7 @@ class BertfastInt8Provider(BertfastProvider):
         self.name = self.NAME
 
     def unavailable(self, device, dtype):
-        from ..ops import quant
+        from ..ops.cpu import int8 as quant
 
         return super().unavailable(device, dtype) or quant.unsupported_reason(
             device, dtype, self.backend

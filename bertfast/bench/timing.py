@@ -278,7 +278,7 @@ def packed_gemms(a: torch.Tensor, b: torch.Tensor) -> dict:
     bertfast's C++ part is missing or the dtype has no packed form)."""
     try:
         from ..ops import cpu as cpu_ops
-        from ..ops import cpu_weights
+        from ..ops.cpu import weights as cpu_weights
     except ImportError:
         return {}
     fns = {}

@@ -72,7 +72,7 @@ def check_quantize_args(args) -> None:
     one line, before anything loads (Ray: before any actor starts)."""
     import torch
 
-    from ..ops import quant
+    from ..ops.cpu import int8 as quant
 
     try:
         device = torch.device(args.device) if args.device else torch.device("cpu")

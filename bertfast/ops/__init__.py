@@ -42,7 +42,7 @@ forward pass does not sync per layer.
 
 On the ``cpu`` backend in plain eager mode the model goes one step further and
 runs its encoder on the backend's encoder runner (``encoder_runner`` below:
-``cpu_encoder.py``), which calls the backend's implementations directly, skipping
+``cpu/encoder.py``), which calls the backend's implementations directly, skipping
 these entry points altogether; every other caller gets the checks above.
 """
 
@@ -53,7 +53,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import checks, cpu, cpu_encoder, cpu_weights, dispatch, quant, reference
+from . import checks, cpu, dispatch, reference
+from .cpu import encoder as _cpu_encoder
+from .cpu import int8 as _int8
+from .cpu import weights as _cpu_weights
 from .dispatch import BACKEND_NAMES, BackendError, backend_status
 from .padding import PackInfo, pack_info, pack_info_from_counts
 
@@ -274,9 +277,9 @@ def _(x, weight, *rest):
 
 
 def linear(x, weight, bias=None, backend: str = "auto") -> Tensor:
-    if torch.compiler.is_compiling() and cpu_weights.is_packed(weight):
+    if torch.compiler.is_compiling() and _cpu_weights.is_packed(weight):
         return _linear_packed.op(x, weight._packed, bias, weight._out_features, None)
-    if torch.compiler.is_compiling() and quant.is_quantized(weight):
+    if torch.compiler.is_compiling() and _int8.is_quantized(weight):
         return _linear_int8.op(
             x, weight._packed, weight._colsum, weight._scale, bias, None, weight._split
         )
@@ -298,9 +301,9 @@ def _(x, weight, *rest):
 
 
 def linear_gelu(x, weight, bias=None, activation: str = "gelu", backend: str = "auto") -> Tensor:
-    if torch.compiler.is_compiling() and cpu_weights.is_packed(weight):
+    if torch.compiler.is_compiling() and _cpu_weights.is_packed(weight):
         return _linear_packed.op(x, weight._packed, bias, weight._out_features, activation)
-    if torch.compiler.is_compiling() and quant.is_quantized(weight):
+    if torch.compiler.is_compiling() and _int8.is_quantized(weight):
         return _linear_int8.op(
             x, weight._packed, weight._colsum, weight._scale, bias, activation, weight._split
         )
@@ -308,14 +311,14 @@ def linear_gelu(x, weight, bias=None, activation: str = "gelu", backend: str = "
 
 
 # ---------------------------------------------------------------- linear_packed
-# Under torch.compile a model-owned PackedWeight (cpu_weights.py) cannot enter the
+# Under torch.compile a model-owned PackedWeight (cpu/weights.py) cannot enter the
 # graph as a tensor subclass; its plain panel tensor goes to this op instead. In
 # eager mode ``linear``/``linear_gelu`` take the PackedWeight directly.
 @_op("linear_packed", ())
 def _linear_packed(
     x: Tensor, packed: Tensor, bias: Optional[Tensor], out_features: int, activation: Optional[str]
 ) -> Tensor:
-    return cpu_weights.linear_panels(x, packed, bias, out_features, activation)
+    return _cpu_weights.linear_panels(x, packed, bias, out_features, activation)
 
 
 @_linear_packed.register_fake
@@ -323,7 +326,7 @@ def _(x, packed, bias, out_features, activation):
     return x.new_empty(tuple(x.shape[:-1]) + (out_features,))
 
 
-# The same for an int8 QuantizedWeight (quant.py): its plain tensors enter the graph.
+# The same for an int8 QuantizedWeight (cpu/int8.py): its plain tensors enter the graph.
 @_op("linear_int8", ())
 def _linear_int8(
     x: Tensor,
@@ -334,7 +337,7 @@ def _linear_int8(
     activation: Optional[str],
     split: bool,
 ) -> Tensor:
-    return quant.linear_parts(x, packed, colsum, scale, bias, activation, split)
+    return _int8.linear_parts(x, packed, colsum, scale, bias, activation, split)
 
 
 @_linear_int8.register_fake
@@ -458,61 +461,61 @@ def scan_inputs(input_ids, attention_mask, token_type_ids, position_ids):
 def encoder_runner(backend: str, config, embeddings, layers, parameters):
     """A runner for a model's whole encoder on ``backend``'s own functions, or None:
     run the ops through their entry points. Only the cpu backend has one
-    (``cpu_encoder.CpuEncoder``: ``embed(ids, pos, types)`` and ``layers(h, info,
+    (``cpu.encoder.CpuEncoder``: ``embed(ids, pos, types)`` and ``layers(h, info,
     states, attention_dtype)`` on packed tokens); it is offered where ``backend``
     resolves to ``cpu`` for every encoder op, on one device and dtype. The caller
     takes it in plain eager mode only and has validated the inputs (no checks run)."""
-    return cpu_encoder.runner(backend, config, embeddings, layers, parameters)
+    return _cpu_encoder.runner(backend, config, embeddings, layers, parameters)
 
 
 # ---------------------------------------------------------------- model weights
 # What a model needs to hold its weights in a backend's own form: the cpu backend
-# keeps owned fp32 (and bf16 on oneDNN) linear weights packed (``cpu_weights``) and
-# int8 models' encoder weights quantized (``quant``). The model asks here, so that it
+# keeps owned fp32 (and bf16 on oneDNN) linear weights packed (``cpu.weights``) and
+# int8 models' encoder weights quantized (``cpu.int8``). The model asks here, so that it
 # never reaches a backend module itself.
 def is_packed_weight(t) -> bool:
-    """``t`` is a weight the cpu backend holds packed (``cpu_weights.PackedWeight``:
+    """``t`` is a weight the cpu backend holds packed (``cpu.weights.PackedWeight``:
     read-only; ``t.dense()`` is a plain copy)."""
-    return cpu_weights.is_packed(t)
+    return _cpu_weights.is_packed(t)
 
 
 def is_int8_weight(t) -> bool:
-    """``t`` is an int8 weight (``quant.QuantizedWeight``)."""
-    return quant.is_quantized(t)
+    """``t`` is an int8 weight (``cpu.int8.QuantizedWeight``)."""
+    return _int8.is_quantized(t)
 
 
 def weight_packer(backend: str, device, dtype: torch.dtype):
     """The function that packs one linear weight a model owns for the GEMM it runs
     on (returns the packed weight, or None: keep it plain), or None where a model on
     ``device``/``dtype`` with ``backend`` keeps its weights plain."""
-    return cpu_weights.pack_owned if cpu_weights.can_pack(backend, device, dtype) else None
+    return _cpu_weights.pack_owned if _cpu_weights.can_pack(backend, device, dtype) else None
 
 
 def check_quantize(quantize) -> str | None:
     """``quantize`` itself: None or "int8" (ValueError listing the choices)."""
-    return quant.check_quantize(quantize)
+    return _int8.check_quantize(quantize)
 
 
 def check_int8_supported(device, dtype: torch.dtype, backend: str = "auto") -> None:
     """ValueError, with the reason, where an int8 model cannot run on ``device`` /
     ``dtype`` / ``backend`` (never a silent fp32 model)."""
-    quant.check_supported(device, dtype, backend)
+    _int8.check_supported(device, dtype, backend)
 
 
 def int8_attention_dtype() -> torch.dtype | None:
-    """The dtype an int8 model runs attention in (``quant.attention_dtype``)."""
-    return quant.attention_dtype()
+    """The dtype an int8 model runs attention in (``cpu.int8.attention_dtype``)."""
+    return _int8.attention_dtype()
 
 
 def quantize_int8(weight: Tensor, split: bool = False) -> Tensor:
     """An int8 copy of a linear weight, per output channel (``split``: two-part
     activations, for QKV)."""
-    return quant.QuantizedWeight.of(weight.detach(), split=split)
+    return _int8.QuantizedWeight.of(weight.detach(), split=split)
 
 
 def check_int8_apply(fn) -> None:
     """``nn.Module._apply`` on an int8 model: ValueError for a move or a cast."""
-    quant.check_apply(fn)
+    _int8.check_apply(fn)
 
 
 def weight_nbytes(tensors) -> int:
@@ -520,10 +523,10 @@ def weight_nbytes(tensors) -> int:
     weights by their packed form, int8 ones by their panels, column sums and scales)."""
     seen, total = set(), 0
     for t in tensors:
-        if quant.is_quantized(t):
+        if _int8.is_quantized(t):
             key, size = id(t._packed), t.packed_nbytes
-        elif cpu_weights.is_packed(t):
-            key, size = id(t._packed), cpu_weights.tensor_bytes(t)
+        elif _cpu_weights.is_packed(t):
+            key, size = id(t._packed), _cpu_weights.tensor_bytes(t)
         else:
             key, size = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
         if key not in seen:

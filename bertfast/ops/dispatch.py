@@ -264,7 +264,7 @@ def resolve(backend: str, device_type: str) -> Resolved:
     name; ``BERTFAST_BACKEND`` overrides "auto"), and why not the ones passed over.
 
     The one answer to "will this model run on the cpu backend here?" (what
-    ``cpu_weights.can_pack``, ``quant.unsupported_reason`` and the model's fast-path
+    ``cpu.weights.can_pack``, ``cpu.int8.unsupported_reason`` and the model's fast-path
     plan ask), made by name, so a module of one backend never imports another. Only
     whether a backend runs on the device at all (:func:`backend_status`'s reasons) is
     asked: each call's input is still checked per op by :func:`select`. Imports only

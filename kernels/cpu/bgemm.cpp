@@ -1,6 +1,6 @@
 // bf16 GEMM for few rows (formulas and the packed layout: kernels/cpu/bgemm.h): what a
 // bf16 model's linear layers run on where oneDNN's per-call cost outweighs the
-// arithmetic (bertfast/ops/cpu_weights.py routes the rows).
+// arithmetic (bertfast/ops/cpu/weights.py routes the rows).
 //
 // Micro-kernels, chosen per call (the binding resolves the isa):
 //   AMX (tdpbf16ps): a task is up to MB rows x two 32-column panels, taken a panel

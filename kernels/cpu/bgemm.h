@@ -9,7 +9,7 @@
 // [P][Kp / 2][kBPanel][2] (Kp = K rounded up to 32, zero padded): each k pair of a
 // column sits in one 32-bit word, the layout AMX's B tiles read. It is also the layout
 // oneDNN gives a bf16 inner-product weight on AMX machines (checked per weight before
-// its buffer is read as panels: bertfast/ops/cpu_weights.py).
+// its buffer is read as panels: bertfast/ops/cpu/weights.py).
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,7 @@
 // Layout: x row-major [M, K] (lda = K), w row-major [N, K] (torch's Linear weight),
 // out row-major [M, N]. w is packed into panels of NR columns, [N / NR][K][NR]
 // (zero-padded), so the micro-kernel reads it with unit stride: linear_pack once
-// per weight (a model's PackedWeight, bertfast/ops/cpu_weights.py), then
+// per weight (a model's PackedWeight, bertfast/ops/cpu/weights.py), then
 // linear_packed per call; linear_act packs and multiplies in one go. linear_packed
 // also reads panels wider than NR (a multiple of it): oneDNN's fp32 weight layout
 // [N / 64][K][64] on AVX-512, so a weight oneDNN holds needs no second copy here.

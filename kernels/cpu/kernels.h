@@ -69,7 +69,7 @@ bool amx_bf16_available();
 // fp32: out[M, N] = act(x[M, K] @ weight[N, K]^T + bias); activation
 // kNoActivation = none. linear_pack packs [ceil(N / NR), K, NR] floats, NR =
 // linear_panel_width; linear_packed reads panels of any multiple of NR (panel_width:
-// also oneDNN's 64-wide fp32 weight blocks, bertfast/ops/cpu_weights.py).
+// also oneDNN's 64-wide fp32 weight blocks, bertfast/ops/cpu/weights.py).
 int linear_panel_width(bool allow_avx512);
 void linear_pack(void* packed, const void* weight, int64_t N, int64_t K, bool allow_avx512,
                  int num_threads);

@@ -397,7 +397,7 @@ def test_cpu_gemm_large_output_huge_page_advice():
         torch.float32,
     )
     # The same GEMM on the weight packed once (what a loaded model runs).
-    from bertfast.ops import cpu_weights
+    from bertfast.ops.cpu import weights as cpu_weights
 
     assert torch.equal(cpu_weights.linear_panels(x, cpu_weights.pack(w), b, n, None), out)
 
@@ -420,7 +420,7 @@ def test_linear_gelu_fp32_uses_fused_gemm_and_threads_agree():
 def test_plain_weights_are_read_at_every_call(pack_rows, monkeypatch):
     """No packed-weight cache: every write to a plain weight is seen by the next call
     (in place, through .data, through a view under no_grad, through NumPy)."""
-    from bertfast.ops import cpu_weights
+    from bertfast.ops.cpu import weights as cpu_weights
 
     monkeypatch.setattr(cpu_weights, "PACK_MIN_ROWS", pack_rows)
     g = _gen(16)
@@ -449,7 +449,7 @@ def test_plain_weights_are_read_at_every_call(pack_rows, monkeypatch):
 def test_packed_weight_runs_the_cpp_gemm(act):
     """A PackedWeight (what from_pretrained keeps) on the C++ GEMM matches torch,
     with 1 and 2 threads, and reads back as the weight it was packed from."""
-    from bertfast.ops import cpu_weights
+    from bertfast.ops.cpu import weights as cpu_weights
 
     g = _gen(17)
     x, w, b = (

@@ -19,8 +19,8 @@ from torch import nn
 
 import bertfast
 from bertfast.ops import cpu as cpu_ops
-from bertfast.ops import cpu_weights
-from bertfast.ops.cpu_encoder import CpuEncoder
+from bertfast.ops.cpu import weights as cpu_weights
+from bertfast.ops.cpu.encoder import CpuEncoder
 
 from ..test_parity_transformers import ATOL
 from .test_cpu_encoder_layer import FAMILIES, _batch, _bf16_model, _on_panels, zoo  # noqa: F401

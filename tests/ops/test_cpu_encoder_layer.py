@@ -19,7 +19,7 @@ import torch
 
 import bertfast
 from bertfast.ops import cpu as cpu_ops
-from bertfast.ops import cpu_weights
+from bertfast.ops.cpu import weights as cpu_weights
 from bertfast.ops.dispatch import get_backend
 
 from ..models import build, save

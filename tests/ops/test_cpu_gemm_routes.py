@@ -1,4 +1,4 @@
-"""Every route of the CPU GEMM (bertfast/ops/cpu_weights.py) against float64.
+"""Every route of the CPU GEMM (bertfast/ops/cpu/weights.py) against float64.
 
 Routes: a weight packed for oneDNN (fp32, and bf16), a weight packed in the C++
 GEMM's panels (fp32), and a plain weight (torch's GEMM + the C++ epilogue, or packed
@@ -19,7 +19,8 @@ import torch
 
 import bertfast
 import bertfast.ops as ops
-from bertfast.ops import cpu_weights, reference
+from bertfast.ops import reference
+from bertfast.ops.cpu import weights as cpu_weights
 from bertfast.ops.dispatch import get_backend
 
 from .harness import assert_within_rule

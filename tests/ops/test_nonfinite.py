@@ -268,7 +268,7 @@ def test_linear_gelu_epilogue_nonfinite(backend, act):
     # The packed GEMMs a loaded model runs: the C++ GEMM and its epilogue, and oneDNN
     # with bias + activation as post-ops (whose erf-GELU, like torch's fp32 one,
     # gives NaN for +inf: accepted exactly there, as for the torch backend).
-    from bertfast.ops import cpu_weights
+    from bertfast.ops.cpu import weights as cpu_weights
 
     for storage in ("own", "onednn") if cpu_weights.ONEDNN else ("own",):
         pw = cpu_weights.PackedWeight.of(w, storage)

@@ -4,7 +4,7 @@ Weights: int8 with one symmetric scale per output channel, ``scale[n] =
 max_k |w[n, k]| / 127``, ``q = round(w / scale)`` in [-127, 127], quantized once
 when a model is loaded and held only as a :class:`QuantizedWeight` (the C++
 kernel's packed panels, column sums and scales; read-only, like
-``cpu_weights.PackedWeight``). Activations: quantized per row (token) at every
+``cpu.weights.PackedWeight``). Activations: quantized per row (token) at every
 call to uint8 with a scale and zero point, int32 dot products (AMX ``tdpbusd``, AVX512-VNNI
 ``vpdpbusd``, or an exact AVX2 fallback), then bias and activation in fp32
 (``kernels/cpu/qgemm.h`` has the formulas). ``BERTFAST_CPU_INT8_ISA=auto|amx|vnni|avx2``
@@ -26,8 +26,8 @@ import os
 import torch
 from torch import Tensor
 
-from . import cpu_weights as _cpu_weights
-from . import dispatch, native
+from .. import dispatch, native
+from . import weights as _cpu_weights
 
 # The extension as native.py loaded it (None without a usable build or on a CPU it
 # cannot run on).
@@ -57,7 +57,7 @@ def attention_dtype() -> torch.dtype | None:
     """The dtype an int8 model runs attention in: ``torch.bfloat16`` or None (fp32,
     the model's own dtype). ``BERTFAST_CPU_INT8_ATTENTION``: ``bf16``, ``fp32``, or
     ``auto`` (the default: bf16 where the CPU has native bf16 dot products,
-    ``cpu_weights.NATIVE_BF16``; elsewhere the bf16 kernel is slower than fp32).
+    ``cpu.weights.NATIVE_BF16``; elsewhere the bf16 kernel is slower than fp32).
 
     Why: with the linear layers in int8, fp32 attention was about a tenth of an int8
     forward. In bf16 (the QKV output rounded to bf16, the cpu backend's
@@ -151,7 +151,7 @@ class QuantizedWeight(Tensor):
     """A read-only ``[N, K]`` linear weight held as int8 (packed for the C++ kernel)
     with fp32 per-output-channel scales.
 
-    ``quant.linear`` (what the ``cpu`` backend's linear ops route it to) runs the int8
+    ``cpu.int8.linear`` (what the ``cpu`` backend's linear ops route it to) runs the int8
     kernel; any other torch op sees the dequantized fp32 values ``q * scale``
     (:meth:`dense`). Writes into it or into a view of it raise ``RuntimeError``."""
 

@@ -7,10 +7,10 @@ released), and the launcher here, which makes operands contiguous and passes the
 on; the registered op is in ``bertfast/ops/__init__.py``.
 
 Storage dtypes fp32, fp16 and bf16, math in fp32. ``linear`` / ``linear_gelu`` run
-on the weights a loaded model owns packed (``cpu_weights.PackedWeight``) on oneDNN
+on the weights a loaded model owns packed (``cpu.weights.PackedWeight``) on oneDNN
 (fp32, and bf16 on CPUs with native bf16) or the C++ GEMM (fp32), bias + activation
 fused; on any other weight, read afresh at every call (no cache; see
-``cpu_weights.py``), torch's GEMM + the C++ bias/activation kernel.
+``cpu/weights.py``), torch's GEMM + the C++ bias/activation kernel.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import weakref
 import torch
 from torch import Tensor
 
-from . import cpu_weights as _weights
-from .dispatch import Backend
+from ..dispatch import Backend
+from . import weights as _weights
 
 try:  # int8 weights (helper module; absent in builds without it)
-    from . import quant as _quant
+    from . import int8 as _quant
 except ImportError:
     _quant = None
-from .native import (
+from ..native import (
     _C,
     ACTIVATIONS,
     DTYPES,
@@ -38,7 +38,7 @@ from .native import (
     mask_operand,
     native_ops,
 )
-from .native import (
+from ..native import (
     contig as _c,
 )
 
@@ -77,14 +77,14 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, act: str | Non
     """``act(x @ weight.T + bias)``; ``act=None`` is a plain linear layer. The one
     place every CPU GEMM is routed (``linear`` and ``linear_gelu`` ops alike).
 
-    A :class:`~bertfast.ops.cpu_weights.PackedWeight` (owned by a model bertfast
+    A :class:`~bertfast.ops.cpu.weights.PackedWeight` (owned by a model bertfast
     loaded, packed once) runs on the GEMM it was packed for, oneDNN (fp32 / bf16) or
-    the C++ one (fp32), bias and activation fused (see bertfast/ops/cpu_weights.py).
+    the C++ one (fp32), bias and activation fused (see bertfast/ops/cpu/weights.py).
     Any other weight is read as it is at this call, never cached: torch's GEMM +
     the C++ bias/activation epilogue, or, in fp32 from
-    ``cpu_weights.PACK_MIN_ROWS`` rows, packed for this call for the C++ GEMM.
+    ``cpu.weights.PACK_MIN_ROWS`` rows, packed for this call for the C++ GEMM.
     """
-    # int8 weights (the ``quant`` module of this package, where present) take their own kernels.
+    # int8 weights (the ``cpu.int8`` module of this package, where present) take their own kernels.
     if _quant is not None and _quant.is_quantized(weight):
         return _quant.linear(x, weight, bias, act)
     bias = _c(bias)
@@ -121,9 +121,9 @@ def encoder_layer(
 ):  # fmt: skip
     """One encoder layer of packed tokens ``h`` ``[T, H]`` in one native call (no
     Python between its ops), or None where it does not apply: ``FUSED_LAYER`` off, or
-    a GEMM weight not on the C++ GEMM at ``T`` rows (``cpu_weights.layer_panels``).
-    int8 weights (``quantize="int8"``) take ``quant.encoder_layer``, attention in
-    ``attention_dtype`` (None: fp32; ``torch.bfloat16``: ``quant.attention_dtype``'s
+    a GEMM weight not on the C++ GEMM at ``T`` rows (``cpu.weights.layer_panels``).
+    int8 weights (``quantize="int8"``) take ``cpu.int8.encoder_layer``, attention in
+    ``attention_dtype`` (None: fp32; ``torch.bfloat16``: ``cpu.int8.attention_dtype``'s
     choice); fp32 weights take attention in fp32 only (None otherwise).
 
     ``weights``/``biases``: QKV, attention output, FFN in, FFN out (biases may be
@@ -197,7 +197,7 @@ def encoder_forward(
     layer, in the same order, so the same result bit for bit. ``ids``, ``pos``,
     ``types``: packed int64 ids (``types`` None where the model has no token-type
     table); ``embedding`` and ``layers``: the operands the cpu encoder runner made
-    for them (``CpuEncoder._forward_operands``: a tuple, ``cpu_encoder.LayerOperands``);
+    for them (``CpuEncoder._forward_operands``: a tuple, ``cpu.encoder.LayerOperands``);
     ``attention_dtype``: int8 weights' attention dtype (None: fp32, or
     ``torch.bfloat16``); fp32 weights take None only (ValueError); ``held``: the same
     operands as a :class:`HeldOperands` (the call passes its handle)."""
@@ -276,7 +276,7 @@ def attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, scale):
 
 def attention_varlen_bf16(qkv, cu_seqlens, max_seqlen, num_heads, scale):
     """``attention_varlen`` of fp32 ``qkv`` rounded to bf16, the output widened back
-    to fp32: an int8 model's attention (``quant.attention_dtype``), op by op as in
+    to fp32: an int8 model's attention (``cpu.int8.attention_dtype``), op by op as in
     ``encoder_layer_int8``."""
     return _kernels.attention_varlen_bf16(
         qkv.contiguous(), cu_seqlens.contiguous(), int(max_seqlen), int(num_heads), float(scale)

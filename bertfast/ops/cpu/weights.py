@@ -61,7 +61,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
-from . import dispatch, native
+from .. import dispatch, native
 
 # The extension as native.py loaded it (None without a usable build or on a CPU it
 # cannot run on).
@@ -576,7 +576,7 @@ def read_only_dispatch(owner, view, message: str, func, args, kwargs):
     (``view``, a :class:`_ReadOnlyView`): writes raise ``message``; ``detach`` /
     ``alias`` keep the weight; any other op sees the values; views it returns refuse
     writes (they would land in a temporary). Shared by PackedWeight and
-    ``quant.QuantizedWeight``."""
+    ``cpu.int8.QuantizedWeight``."""
     kwargs = kwargs or {}
     schema = func._schema
     if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):

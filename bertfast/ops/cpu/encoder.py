@@ -17,7 +17,7 @@ and dtype, and ``dispatch.select`` gives each op the cpu backend's own function.
 - ``layers(h, info, states, attention_dtype)``: every layer by
   ``config.layer_schedule()``; one native call per layer where every GEMM runs on the
   C++ GEMM (``cpu.encoder_layer``), else op by op in row blocks
-  (``cpu_weights.layer_blocks``: rows padded to a size oneDNN is given, blocks small
+  (``cpu.weights.layer_blocks``: rows padded to a size oneDNN is given, blocks small
   enough for malloc to reuse).
 
 No per-call checks or dispatch: the caller validated the inputs (the model's value
@@ -35,13 +35,13 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from . import cpu as _cpu
-from . import cpu_weights as _cpu_weights
-from . import dispatch as _dispatch
-from .native import contig as _c
+from .. import cpu as _cpu
+from .. import dispatch as _dispatch
+from ..native import contig as _c
+from . import weights as _cpu_weights
 
 try:  # int8 weights (absent in builds without the helper module)
-    from . import quant as _quant
+    from . import int8 as _quant
 except ImportError:
     _quant = None
 
@@ -189,7 +189,7 @@ class CpuEncoder:
         ``tokens`` packed tokens, or None where some layer would not run as one native
         call (``layers``' conditions: no padding rows, one row block, every GEMM on
         the C++ GEMM or int8). Made from what the model holds at this call; kept for
-        the next call at up to ``cpu_weights.small_rows`` rows (of the weights' dtype:
+        the next call at up to ``cpu.weights.small_rows`` rows (of the weights' dtype:
         any such call takes the same panels) while the model holds the same tensor
         objects (a parameter replaced, or weights unpacked and packed again,
         makes them afresh). Kept operands come with a third element, the same
