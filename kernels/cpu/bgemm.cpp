@@ -175,18 +175,7 @@ void run_tasks(const BArgs& q, int isa, int num_threads) {
       (void)isa;
       task_portable<ACT>(q, mb, p);
     };
-    // Guided above one row block (as qgemm.cpp's run_tiles; why there).
-    if (mblocks >= 2) {
-#ifdef BERTFAST_WITH_OPENMP
-#pragma omp for schedule(guided)
-#endif
-      for (int64_t t = 0; t < tasks; ++t) task(t);
-    } else {
-#ifdef BERTFAST_WITH_OPENMP
-#pragma omp for schedule(static)
-#endif
-      for (int64_t t = 0; t < tasks; ++t) task(t);
-    }
+    share_tasks(tasks, /*guided=*/mblocks >= 2, task);  // common.h: why guided
 #ifdef BF_BGEMM_AMX
     if (isa == kBIsaAmx) amx_end();
 #endif

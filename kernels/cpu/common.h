@@ -179,6 +179,32 @@ inline int threads_for(int64_t work, int64_t grain, int requested) {
   return static_cast<int>(useful < requested ? useful : requested);
 }
 
+// Inside an OpenMP parallel region (an orphaned worksharing loop; serial outside one):
+// body(t) for every t in [0, n), shared among the region's threads either guided
+// (large chunks first, then smaller ones to whichever thread is free) or in equal
+// static shares. The GEMMs' task loops take guided above one row block: on a VM whose
+// vCPUs are at times slowed by the host's other guests, a static share left the faster
+// thread waiting at the join. Whole forwards, 2 threads, Intel Xeon AMX VM, guided /
+// static alternating in one process (medians; the best calls 0.96-1.07x): int8 MiniLM
+// 4x128 / 8x128 1.02-1.07x; bf16 1x128 1.00-1.18x, 4x128 1.09-1.18x. A plain dynamic
+// schedule cost 3-8 % in the best calls; one row block (few rows) keeps the static
+// split its thread count was tuned on (benchmarks/results/cpu-intel-xeon-amx-2t/notes.md,
+// the sessions of 2026-11-29).
+template <typename F>
+BF_INLINE void share_tasks(int64_t n, bool guided, F&& body) {
+  if (guided) {
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp for schedule(guided)
+#endif
+    for (int64_t t = 0; t < n; ++t) body(t);
+  } else {
+#ifdef BERTFAST_WITH_OPENMP
+#pragma omp for schedule(static)
+#endif
+    for (int64_t t = 0; t < n; ++t) body(t);
+  }
+}
+
 // ------------------------------------------------------------------ math
 // min / max defined here (after the optimize pragma) rather than std::min/max,
 // which may come from a header included before it and then not if-convert.

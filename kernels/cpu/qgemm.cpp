@@ -412,25 +412,7 @@ void run_tiles(const QArgs& q, int isa, int num_threads, const float* x = nullpt
         run_tile<MODE>(q, isa, mb, p);
       }
     };
-    // Above one row block the tiles are handed out guided (large chunks first, then
-    // smaller ones to whichever thread is free) rather than in equal static shares: on a
-    // VM whose vCPUs are at times slowed by the host's other guests, a static share left
-    // the faster thread waiting at the join. Whole forwards, 2 threads, Intel Xeon AMX VM,
-    // guided / static alternating in one process (medians; the best calls 0.96-1.07x):
-    // int8 MiniLM 4x128 / 8x128 1.02-1.07x; bf16 (bgemm.cpp) 1x128 1.00-1.18x, 4x128
-    // 1.09-1.18x. A plain dynamic schedule cost 3-8% in the best calls (notes.md).
-    // One row block (few rows) keeps the static split that its thread count was tuned on.
-    if (mblocks >= 2) {
-#ifdef BERTFAST_WITH_OPENMP
-#pragma omp for schedule(guided)
-#endif
-      for (int64_t t = 0; t < tiles; ++t) tile(t);
-    } else {
-#ifdef BERTFAST_WITH_OPENMP
-#pragma omp for schedule(static)
-#endif
-      for (int64_t t = 0; t < tiles; ++t) tile(t);
-    }
+    share_tasks(tiles, /*guided=*/mblocks >= 2, tile);  // common.h: why guided
 #ifdef BF_QGEMM_AMX
     if (isa == kQIsaAmx) amx_end();
 #endif
