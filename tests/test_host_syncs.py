@@ -296,7 +296,7 @@ def test_gpu_launchers_do_not_read_back():
 
     root = pathlib.Path(bertfast.__file__).parent / "ops"
     files = [
-        root / "cpu.py",
+        root / "cpu" / "__init__.py",
         root / "cuda.py",
         root / "native.py",
         root / "dispatch.py",
